@@ -1,0 +1,32 @@
+# hetsync: `make test` and `make demo` set everything up on a fresh Debian machine (scripts/install.sh is
+# idempotent: a second run only checks) and then run the test suite or the main job.
+VENV   := .venv
+PY     := $(VENV)/bin/python
+# Open MPI as root, oversubscribed on a small machine; ranks yield the CPU while they wait.
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+export OMPI_MCA_rmaps_base_oversubscribe := 1
+export OMPI_MCA_mpi_yield_when_idle := 1
+export OMPI_MCA_btl_vader_single_copy_mechanism := none
+export TF_CPP_MIN_LOG_LEVEL := 2
+export PYTHONUNBUFFERED := 1
+
+.PHONY: install build test demo bench clean
+
+install:
+	bash scripts/install.sh
+
+build:
+	$(MAKE) -C tf_ops PYTHON=$(abspath $(PY))
+
+test: install
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+demo: install
+	$(PY) examples/benchmark.py --preset demo --out results/demo
+
+bench: install
+	$(PY) examples/benchmark.py --preset full --out results/bench
+
+clean:
+	rm -rf tf_ops/build hetsync/_lib/*.so results

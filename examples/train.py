@@ -1,0 +1,109 @@
+"""A Horovod Keras training script where hetsync is the one changed line.
+
+    horovodrun --mpi -np 4 python examples/train.py --sync ripples-static --slowdown deterministic --slow-ranks 3
+
+Trains a small MLP on scikit-learn's bundled digits (or the generated hyperplane regression), each worker on its
+shard, with the chosen sync mode and heterogeneity.  ``--log-dir`` writes per-rank CSV logs (local-model test loss
+over wall time) and a JSON summary the benchmark reads.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
+os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import horovod.tensorflow.keras as hvd  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import hetsync  # noqa: E402
+import keras_callbacks  # noqa: E402
+from common import EvalLogger, shard, task  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sync", default="allreduce", help=f"one of {hetsync.available_modes()}")
+    p.add_argument("--sync-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a sync mode option, e.g. node_size=2 (repeatable; values parsed as JSON when possible)")
+    p.add_argument("--task", default="digits", choices=["digits", "hyperplane"])
+    p.add_argument("--steps", type=int, default=200, help="training steps per worker")
+    p.add_argument("--steps-per-rank", default="", help="comma list overriding --steps per rank (uneven workers)")
+    p.add_argument("--batch-size", type=int, default=32, help="per worker")
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--slowdown", default="none", choices=["none", "deterministic", "random", "imbalance"])
+    p.add_argument("--slow-ranks", default="0", help="comma list, for --slowdown deterministic")
+    p.add_argument("--factor", type=float, default=5.0)
+    p.add_argument("--base-time", type=float, default=None, help="normal iteration time in s (default: measured)")
+    p.add_argument("--compute-time", type=float, default=0.0, help="emulated compute sleep per step, s")
+    p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument("--log-dir", default="")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def sync_options(pairs):
+    options = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return options
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    hvd.init()
+    hetsync.init()
+    rank, size = hvd.rank(), hvd.size()
+    tf.keras.utils.set_random_seed(args.seed)
+    (x_train, y_train, x_test, y_test), build, loss, metrics = task(args.task, args.seed)
+    steps = args.steps
+    if args.steps_per_rank:
+        steps = [int(s) for s in args.steps_per_rank.split(",")][rank]
+
+    model = build()
+    opt = hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(args.lr), sync=args.sync,
+                                       **sync_options(args.sync_option))
+    model.compile(optimizer=opt, loss=loss, metrics=metrics)
+
+    hvd.allreduce(tf.constant(0.0), name="start_barrier")  # common t0 for all ranks
+    t0 = time.time()
+    log_path = os.path.join(args.log_dir, f"rank{rank}.csv") if args.log_dir else ""
+    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
+    if args.compute_time:
+        callbacks.append(keras_callbacks.EmulatedCompute(args.compute_time))
+    if args.slowdown != "none":
+        slow = [int(r) for r in args.slow_ranks.split(",") if r]
+        callbacks.append(keras_callbacks.Slowdown(args.slowdown, ranks=slow, factor=args.factor,
+                                                  base_time=args.base_time, seed=args.seed))
+    evaluator = EvalLogger(x_test, y_test, loss, args.eval_every, t0, log_path, rank)
+    callbacks += [evaluator, keras_callbacks.Consensus(every=None)]
+
+    model.fit(shard(x_train, y_train, rank, size, args.batch_size, args.seed), steps_per_epoch=steps, epochs=1,
+              callbacks=callbacks, verbose=0)
+    train_time = time.time() - t0
+    result = model.evaluate(x_test, y_test, verbose=0, return_dict=True)
+    summary = {"rank": rank, "size": size, "sync": args.sync, "steps": steps, "train_time_s": train_time,
+               "steps_per_s": steps / train_time, "consensus_loss": result["loss"],
+               "consensus_accuracy": result.get("accuracy"), "algorithm": opt._hetsync_algorithm.metrics()}
+    weights = np.concatenate([w.ravel() for w in model.get_weights()])
+    summary["weights_checksum"] = float(np.sum(weights * np.arange(1, weights.size + 1) % 7))
+    if args.log_dir:
+        with open(os.path.join(args.log_dir, f"summary{rank}.json"), "w") as f:
+            json.dump(summary, f)
+    print(f"rank {rank}: {args.sync} steps={steps} time={train_time:.2f}s consensus loss={result['loss']:.4f} "
+          f"accuracy={result.get('accuracy', float('nan')):.3f}", flush=True)
+    hetsync.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""``sync="ripples-static"``: Ripples with the decentralized, conflict-free static schedule (Ripples §3.2, §4.2).
+
+Each step a worker updates its parameters with its own gradients (no gradient allreduce), then averages its
+parameters with its group of that iteration using P-Reduce (Fig 7, steps 2-4).  The group comes from the rule-based
+function S of hetsync.algorithms.schedule: no table to distribute, no RPC.  S is pure, so the training graph keeps
+this worker's groups for one period (4 iterations) as a small constant and indexes it by the iteration counter.
+
+Options:
+  node_size: workers per node for the schedule's inter/intra-node rules (default: Horovod's local_size, which
+    needs a homogeneous job with ranks placed in blocks per host).  Setting it emulates a multi-node layout.
+  timeout: seconds a P-Reduce may wait for its group before failing with the missing ranks (default: init's).
+"""
+import numpy as np
+import tensorflow as tf
+
+from hetsync.algorithms import register
+from hetsync.algorithms._wrap import wrap_post_update
+from hetsync.algorithms.decentralized import DecentralizedAlgorithm
+from hetsync.algorithms.schedule import PERIOD, Layout, period_groups
+
+
+def default_node_size(hvd):
+    """Horovod's local_size when it describes a block layout the schedule can use; ValueError otherwise."""
+    local = hvd.local_size()
+    homogeneous = hvd.is_homogeneous() if hasattr(hvd, "is_homogeneous") else True
+    if not homogeneous or hvd.size() % local or hvd.rank() % local != hvd.local_rank():
+        raise ValueError(
+            f"ripples-static cannot derive the node layout from Horovod (rank {hvd.rank()}, local rank "
+            f"{hvd.local_rank()} of {local}, {hvd.size()} workers): pass node_size=<workers per node>")
+    return local
+
+
+@register
+class RipplesStatic(DecentralizedAlgorithm):
+    name = "ripples-static"
+    OPTIONS = {"node_size": None, "timeout": None}
+
+    def validate(self):
+        node_size = self.options["node_size"]
+        if node_size is not None and (not isinstance(node_size, int) or node_size < 1):
+            raise ValueError(f"node_size must be a positive int, got {node_size!r}")
+        timeout = self.options["timeout"]
+        if timeout is not None and timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+
+    def wrap(self, optimizer):
+        import horovod.tensorflow as hvd
+
+        from hetsync import _runtime
+
+        _runtime.require_init("sync='ripples-static'")
+        node_size = self.options["node_size"] or default_node_size(hvd)
+        self.layout = Layout(hvd.size(), node_size)
+        self.groups = period_groups(hvd.rank(), self.layout)
+        width = max(len(g) for g in self.groups)
+        table = np.full((PERIOD, width), -1, dtype=np.int32)
+        for phase, group in enumerate(self.groups):
+            table[phase, :len(group)] = group
+        self._table = tf.constant(table)
+        return wrap_post_update(optimizer, self)
+
+    def group_for(self, iterations):
+        """This worker's group (int32 vector) for the step whose update made ``iterations``."""
+        phase = tf.math.floormod(tf.cast(iterations, tf.int64) - 1, PERIOD)
+        row = tf.gather(self._table, phase)
+        return tf.boolean_mask(row, row >= 0)
+
+    def after_update(self, variables, iterations):
+        from hetsync import ops
+
+        averaged = ops.p_reduce([tf.convert_to_tensor(v) for v in variables], self.group_for(iterations),
+                                timeout=self.options["timeout"])
+        for var, value in zip(variables, averaged):
+            var.assign(value)

@@ -1,0 +1,58 @@
+"""Consensus: one Horovod average of all workers' parameters, so decentralized training yields one model.
+
+Decentralized methods (Ripples, Hop, ...) leave workers with different parameters.  Before evaluation,
+checkpointing, a mode switch and the end of training, the job averages them with Horovod (ARCHITECTURE.md).
+
+A consensus round is a global collective, so it must not wait on a worker that still trains alone, nor make a
+training worker wait on one that is in the round: the algorithm withdraws the worker from hetsync's own collectives
+for the duration (``on_consensus_begin``) and rejoins afterwards.  Each round also carries a "finished" flag: a
+worker whose training has ended keeps joining the others' rounds (``finish``) until every worker has finished, so
+workers that run different numbers of steps or epochs all end with the same model, without a hang.
+"""
+import tensorflow as tf
+
+
+def _hvd():
+    import horovod.tensorflow as hvd
+
+    return hvd
+
+
+def _algorithm_of(model):
+    optimizer = getattr(model, "optimizer", None)
+    return getattr(optimizer, "_hetsync_algorithm", None)
+
+
+def _averageable(variables):
+    return [v for v in variables if v.dtype.is_floating]
+
+
+def consensus(model, finished=False, algorithm=None, name="hetsync_consensus"):
+    """Averages ``model``'s float variables over all workers; returns True when every worker says finished.
+
+    Collective over all Horovod ranks: every rank must call it the same number of times (``finish`` keeps a finished
+    worker in step with the others).
+    """
+    hvd = _hvd()
+    algorithm = algorithm if algorithm is not None else _algorithm_of(model)
+    if algorithm is not None:
+        algorithm.on_consensus_begin()
+    variables = _averageable(model.variables)
+    if variables:
+        averaged = hvd.grouped_allreduce([tf.convert_to_tensor(v) for v in variables], op=hvd.Average,
+                                         name=f"{name}.params")
+        for var, value in zip(variables, averaged):
+            var.assign(value)
+    flag = hvd.allreduce(tf.constant(1.0 if finished else 0.0), op=hvd.Min, name=f"{name}.finished")
+    all_finished = bool(flag.numpy() >= 1.0)
+    if algorithm is not None:
+        algorithm.on_consensus_end(finished)
+    return all_finished
+
+
+def finish(model, algorithm=None, name="hetsync_consensus"):
+    """Ends training on this worker: joins consensus rounds until every worker has finished; returns the round count."""
+    rounds = 1
+    while not consensus(model, finished=True, algorithm=algorithm, name=name):
+        rounds += 1
+    return rounds

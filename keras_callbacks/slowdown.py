@@ -1,0 +1,113 @@
+"""Heterogeneity injection, following the papers' own protocols so benchmarks compare with their figures.
+
+Three modes, all seeded and all per batch (the sleep happens in ``on_train_batch_begin``, i.e. it lengthens the
+step's compute the way a slower GPU would, before the step's synchronization):
+
+* ``deterministic`` (Ripples §7.4): the given ``ranks`` are ``factor`` times slower: each of their batches sleeps
+  (factor - 1) x the normal iteration time.  (The paper's text says "adding 2 or 5 times the normal iteration time
+  of sleep"; we follow the issue's reading that "5x slower" means a 5x longer step, i.e. a sleep of 4 normal steps.)
+* ``random`` (Hop §7.3.1): each rank, independently at each batch, is ``factor`` times slower with probability
+  ``probability`` (default 1/n, n = workers).
+* ``imbalance`` (eager-SGD §6.2.3): every rank sleeps a delay from ``delay_range`` (seconds; n values spread evenly
+  over the range), and the assignment of delays to ranks shifts by one rank after each step.
+
+The normal iteration time is ``base_time`` when given (benchmarks pass it so every mode sleeps the same), otherwise
+the median of this rank's first ``warmup`` batch times, measured before any sleep is injected.
+"""
+import time
+
+import numpy as np
+import tensorflow as tf
+
+MODES = ("deterministic", "random", "imbalance")
+
+
+def _rank_size():
+    import horovod.tensorflow as hvd
+
+    return hvd.rank(), hvd.size()
+
+
+class Slowdown(tf.keras.callbacks.Callback):
+    """Makes some workers slower, per batch, the way the papers do.  See the module docstring for the modes."""
+
+    def __init__(self, mode="deterministic", ranks=(0,), factor=5.0, probability=None, delay_range=(0.05, 0.4),
+                 base_time=None, warmup=5, seed=0, rank=None, size=None):
+        super().__init__()
+        if mode not in MODES:
+            raise ValueError(f"unknown Slowdown mode {mode!r}; valid modes: {', '.join(MODES)}")
+        if factor < 1:
+            raise ValueError(f"factor must be >= 1 (1 = not slowed), got {factor}")
+        if probability is not None and not 0 <= probability <= 1:
+            raise ValueError(f"probability must be in [0, 1], got {probability}")
+        lo, hi = delay_range
+        if not 0 <= lo <= hi:
+            raise ValueError(f"delay_range must be (low, high) seconds with 0 <= low <= high, got {delay_range}")
+        if base_time is not None and base_time <= 0:
+            raise ValueError(f"base_time must be > 0 seconds, got {base_time}")
+        if rank is None or size is None:
+            rank, size = _rank_size()
+        bad = [r for r in ranks if not 0 <= r < size]
+        if bad:
+            raise ValueError(f"Slowdown ranks {bad} out of range for {size} workers")
+        self.mode, self.ranks, self.factor = mode, set(ranks), float(factor)
+        self.probability = 1.0 / size if probability is None else probability
+        self.delays = np.linspace(lo, hi, size)
+        self.base_time, self.warmup = base_time, warmup
+        self.rank, self.size = rank, size
+        self._rng = np.random.default_rng([seed, rank])
+        self._step = 0
+        self._warm_times = []
+        self._batch_start = None
+        self.slept = 0.0
+
+    def delay_for_step(self, step):
+        """Seconds this rank sleeps at ``step`` (0 while the normal iteration time is still being measured)."""
+        if self.mode == "imbalance":
+            return float(self.delays[(self.rank + step) % self.size])
+        normal = self.normal_time()
+        if normal is None:
+            return 0.0
+        if self.mode == "deterministic":
+            slowed = self.rank in self.ranks
+        else:
+            slowed = self._rng.random() < self.probability
+        return (self.factor - 1.0) * normal if slowed else 0.0
+
+    def normal_time(self):
+        if self.base_time is not None:
+            return self.base_time
+        if len(self._warm_times) < self.warmup:
+            return None
+        return float(np.median(self._warm_times))
+
+    def on_train_batch_begin(self, batch, logs=None):
+        delay = self.delay_for_step(self._step)
+        if delay > 0:
+            time.sleep(delay)
+            self.slept += delay
+        self._batch_start = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.base_time is None and len(self._warm_times) < self.warmup and self._batch_start is not None:
+            self._warm_times.append(time.perf_counter() - self._batch_start)
+        self._step += 1
+
+
+class EmulatedCompute(tf.keras.callbacks.Callback):
+    """Adds a fixed sleep to every step of every worker, standing for model compute the machine does not have.
+
+    Benchmarks use it so that 8 workers fit on 2 CPU cores: most of a step is this sleep, so ranks do not fight for
+    cores, while the real model's forward/backward still runs in the step.  Its time counts as compute, so a
+    Slowdown's ``base_time`` should include it.
+    """
+
+    def __init__(self, seconds):
+        super().__init__()
+        if seconds < 0:
+            raise ValueError(f"seconds must be >= 0, got {seconds}")
+        self.seconds = seconds
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.seconds:
+            time.sleep(self.seconds)

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Idempotent set-up for hetsync on a fresh Debian 12 machine (what `make demo` and `make test` run first).
+# Each step says what it does and is skipped when its result is already there:
+#   1. Debian Open MPI 4.1.4 (openmpi-bin, libopenmpi-dev) through apt, when mpicxx is missing.
+#   2. A Python 3.11 virtual environment in .venv with the pinned packages of requirements.txt.
+#   3. Horovod 0.28.1 built from source against that TensorFlow, with MPI + Gloo, no PyTorch/MXNet.
+#   4. hetsync itself, editable: compiles tf_ops/ into hetsync/_lib/hetsync_ops.so, generates the gRPC code.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+PY=${PYTHON:-python3.11}
+VENV="$ROOT/.venv"
+HOROVOD_VERSION=0.28.1
+
+say() { echo "[install] $*"; }
+
+if ! command -v mpicxx >/dev/null 2>&1 || ! command -v mpirun >/dev/null 2>&1; then
+  say "installing Debian Open MPI (openmpi-bin libopenmpi-dev)"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
+else
+  say "Open MPI present: $(mpirun --version 2>/dev/null | head -n1)"
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  say "creating virtual environment $VENV with $PY"
+  "$PY" -m venv "$VENV"
+fi
+VPY="$VENV/bin/python"
+
+if ! cmp -s requirements.txt "$VENV/.requirements.installed" 2>/dev/null; then
+  say "installing pinned Python packages (requirements.txt)"
+  "$VPY" -m pip install -q --upgrade pip==24.3.1 setuptools==69.5.1 wheel==0.45.1
+  "$VPY" -m pip install -q -r requirements.txt
+  cp requirements.txt "$VENV/.requirements.installed"
+else
+  say "pinned Python packages already installed"
+fi
+
+if ! "$VPY" -c "import horovod, sys; sys.exit(horovod.__version__ != '$HOROVOD_VERSION')" 2>/dev/null \
+   || ! "$VPY" -c "import horovod.tensorflow as h; assert h.mpi_built()" 2>/dev/null; then
+  say "building Horovod $HOROVOD_VERSION from source (MPI + Gloo + TensorFlow; about 2-4 minutes)"
+  # The PyPI cmake 4.x cannot read Horovod's CMake files: use the system cmake 3.25.
+  if ! command -v cmake >/dev/null 2>&1; then
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq cmake >/dev/null
+  fi
+  HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
+  HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j2" \
+    "$VPY" -m pip install -q --no-build-isolation --no-cache-dir "horovod==$HOROVOD_VERSION"
+else
+  say "Horovod $HOROVOD_VERSION with MPI already built"
+fi
+
+say "building hetsync (tf_ops C++ library, gRPC code) in editable mode"
+"$VPY" -m pip install -q --no-build-isolation --no-deps -e .
+"$VPY" -c "import hetsync.ops" && say "hetsync ready: $VPY"

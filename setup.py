@@ -1,0 +1,49 @@
+"""hetsync packaging.
+
+The compiled part (tf_ops/, C++ TensorFlow custom ops + the MPI engine) is built by ``make -C tf_ops`` against the
+TensorFlow of the Python that runs this build, because a custom op must match that TensorFlow's ABI exactly.
+The gRPC code of the coordinator services is generated from protos/ at the same time.  Build with
+``pip install --no-build-isolation -e .`` (scripts/install.sh does), so that the installed TensorFlow is used.
+"""
+import os
+import shutil
+import subprocess
+import sys
+
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LIB_REL = os.path.join("hetsync", "_lib", "hetsync_ops.so")
+
+
+class BuildTfOps(build_ext):
+    """Runs tf_ops/Makefile and the protobuf generator instead of setuptools' own compiler driver."""
+
+    def run(self):
+        subprocess.check_call(["make", "-C", os.path.join(HERE, "tf_ops"), f"PYTHON={sys.executable}"])
+        sys.path.insert(0, HERE)
+        from hetsync.coordinator import _proto
+
+        _proto.ensure_generated()
+        if not self.inplace:
+            for rel in [LIB_REL] + _proto.generated_files(relative=True):
+                dest = os.path.join(self.build_lib, rel)
+                os.makedirs(os.path.dirname(dest), exist_ok=True)
+                shutil.copyfile(os.path.join(HERE, rel), dest)
+
+    def get_outputs(self):
+        return [os.path.join(self.build_lib, LIB_REL)]
+
+
+setup(
+    name="hetsync",
+    version="0.1.0",
+    description="Heterogeneity-aware synchronization for Horovod + Keras (Ripples, Hop, eager-SGD, ESync, OD-SGD)",
+    packages=find_packages(include=["hetsync", "hetsync.*", "keras_callbacks", "keras_callbacks.*"]),
+    package_data={"hetsync": ["_lib/*.so", "coordinator/*.py"]},
+    ext_modules=[Extension("hetsync._lib.hetsync_ops", sources=[])],
+    cmdclass={"build_ext": BuildTfOps},
+    python_requires=">=3.10",
+    install_requires=["tensorflow-cpu==2.15.1", "horovod==0.28.1", "numpy<2", "grpcio==1.62.3"],
+)

@@ -1,0 +1,49 @@
+"""Shared helpers: launch real multi-process jobs (mpirun / horovodrun) with the project's virtualenv Python."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MPI_ENV = {
+    "OMPI_ALLOW_RUN_AS_ROOT": "1",
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    "OMPI_MCA_rmaps_base_oversubscribe": "1",
+    "OMPI_MCA_mpi_yield_when_idle": "1",
+    "OMPI_MCA_btl_vader_single_copy_mechanism": "none",
+    "TF_CPP_MIN_LOG_LEVEL": "2",
+    "TF_NUM_INTEROP_THREADS": "1",
+    "TF_NUM_INTRAOP_THREADS": "1",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+def mpi_env(**extra):
+    env = dict(os.environ, **MPI_ENV, **{k: str(v) for k, v in extra.items()})
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def run_mpi(np_, script, *args, timeout=240, env=None, launcher="mpirun"):
+    """Runs ``script`` on ``np_`` ranks; returns the CompletedProcess (stdout+stderr merged in .stdout)."""
+    if launcher == "horovodrun":
+        cmd = ["horovodrun", "--mpi", "-np", str(np_), "-H", f"localhost:{np_}"]
+    else:
+        cmd = ["mpirun", "-np", str(np_), "--oversubscribe", "--bind-to", "none"]
+    cmd += [sys.executable, os.path.join(ROOT, script), *map(str, args)]
+    try:
+        return subprocess.run(cmd, cwd=ROOT, env=env or mpi_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        pytest.fail(f"{' '.join(cmd)} did not finish within {timeout}s:\n{out[-6000:]}")
+
+
+def assert_ok(proc, np_):
+    """Every rank printed 'OK rank=R' and the job exited 0."""
+    tail = proc.stdout[-8000:]
+    assert proc.returncode == 0, f"job failed ({proc.returncode}):\n{tail}"
+    for r in range(np_):
+        assert f"OK rank={r}" in proc.stdout, f"rank {r} did not report OK:\n{tail}"
