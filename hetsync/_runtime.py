@@ -63,6 +63,9 @@ def init(timeout=None, comm_cache_size=None):
             f"hetsync's MPI world (rank {info['rank']} of {info['size']}) differs from Horovod's "
             f"(rank {hvd.rank()} of {hvd.size()}): run one Horovod job per MPI job")
     _STATE.update(initialized=True, timeout=timeout)
+    from hetsync.coordinator.services import JobServices
+
+    _STATE["services"] = JobServices(hvd, timeout)
     atexit.register(shutdown)
 
 

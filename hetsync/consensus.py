@@ -9,8 +9,6 @@ for the duration (``on_consensus_begin``) and rejoins afterwards.  Each round al
 worker whose training has ended keeps joining the others' rounds (``finish``) until every worker has finished, so
 workers that run different numbers of steps or epochs all end with the same model, without a hang.
 """
-import tensorflow as tf
-
 
 def _hvd():
     import horovod.tensorflow as hvd
@@ -33,6 +31,8 @@ def consensus(model, finished=False, algorithm=None, name="hetsync_consensus"):
     Collective over all Horovod ranks: every rank must call it the same number of times (``finish`` keeps a finished
     worker in step with the others).
     """
+    import tensorflow as tf
+
     hvd = _hvd()
     algorithm = algorithm if algorithm is not None else _algorithm_of(model)
     if algorithm is not None:
@@ -46,7 +46,8 @@ def consensus(model, finished=False, algorithm=None, name="hetsync_consensus"):
     flag = hvd.allreduce(tf.constant(1.0 if finished else 0.0), op=hvd.Min, name=f"{name}.finished")
     all_finished = bool(flag.numpy() >= 1.0)
     if algorithm is not None:
-        algorithm.on_consensus_end(finished)
+        # Once every worker has finished, all rejoin together: the next fit() starts with everyone in.
+        algorithm.on_consensus_end(finished and not all_finished)
     return all_finished
 
 

@@ -1,0 +1,143 @@
+"""``sync="ripples-random"`` and ``sync="ripples-smart"``: Ripples with the Group Generator (Ripples §4.1, §5, §6.2).
+
+Each step a worker updates its parameters locally, asks the GG for its group, P-Reduces its parameters with that
+group and acks (Fig 7 steps 2-4, Fig 8).  The GG (a gRPC service rank 0 started at ``hetsync.init()``) guarantees
+that overlapping groups never run at the same time and that every member gets the same group in the same order,
+which is exactly what the engine's P-Reduce needs.  Inside Keras' compiled train step the request and the ack are
+``tf.py_function`` calls around the P-Reduce op (the paper's "client wrapped up as another TensorFlow Python
+Operator", §6.2).
+
+ripples-random (§4.1): a random group of ``group_size`` containing the requester, lock vector, pending queue.
+ripples-smart (§5): Group Buffer + Global Division, Inter-Intra synchronization by node (``node_size`` emulates a
+layout; default the real hosts), slowdown filter with ``c_thres``.  See docs/group_generator.md for the choices.
+
+Consensus rounds: before a round the worker tells the GG it stops (running the groups it still owes), after it
+the GG is installed afresh, so no group formed before the round outlives it (hetsync/coordinator/services.py).
+"""
+import numpy as np
+import tensorflow as tf
+
+from hetsync.algorithms import register
+from hetsync.algorithms._wrap import wrap_post_update
+from hetsync.algorithms.decentralized import DecentralizedAlgorithm
+
+
+class GroupGeneratorAlgorithm(DecentralizedAlgorithm):
+    GG_MODE = None
+    GG_OPTIONS = ()  # options passed to the generator; the others are worker-side
+
+    def validate(self):
+        group_size = self.options["group_size"]
+        if not isinstance(group_size, int) or group_size < 2:
+            raise ValueError(f"group_size must be an int >= 2, got {group_size!r}")
+        for key in ("timeout", "ack_timeout"):
+            value = self.options.get(key)
+            if value is not None and value <= 0:
+                raise ValueError(f"{key} must be > 0 seconds, got {value!r}")
+
+    def wrap(self, optimizer):
+        from hetsync import _runtime
+
+        _runtime.require_init(f"sync={self.name!r}")
+        self.services = _runtime.services()
+        gen_options = {k: self.options[k] for k in self.GG_OPTIONS}
+        if gen_options.get("ack_timeout") is None:
+            gen_options["ack_timeout"] = _runtime.timeout()
+        self.services.configure(self.GG_MODE, gen_options)
+        self.client = self.services.client()
+        self.services.owed_p_reduce = self._p_reduce_group
+        self._variables = None
+        return wrap_post_update(optimizer, self)
+
+    # -- inside the training step -------------------------------------------------------------------------------
+    def _request(self, iterations):
+        if int(iterations) <= 1:
+            # The first step stays local: Horovod's BroadcastGlobalVariablesCallback runs a global collective at
+            # the end of the first batch, and a group formed now would wait on workers already inside it.
+            return np.int64(0), np.asarray([self.services.rank], dtype=np.int32)
+        group = self.client.request_group(iteration=int(iterations))
+        return np.int64(group.group_id), np.asarray(group.members, dtype=np.int32)
+
+    def _ack(self, group_id, members):
+        if len(members) > 1:
+            self.client.ack(int(group_id))
+        return np.int32(0)
+
+    def after_update(self, variables, iterations):
+        from hetsync import ops
+
+        self._variables = variables
+        group_id, members = tf.py_function(self._request, [iterations], [tf.int64, tf.int32], name="gg_request")
+        members.set_shape([None])
+        averaged = ops.p_reduce([tf.convert_to_tensor(v) for v in variables], members,
+                                timeout=self.options["timeout"])
+        with tf.control_dependencies(averaged):
+            acked = tf.py_function(self._ack, [group_id, members], tf.int32, name="gg_ack")
+        with tf.control_dependencies([acked]):
+            for var, value in zip(variables, averaged):
+                var.assign(value)
+
+    # -- outside the training step (eager) ----------------------------------------------------------------------
+    def _p_reduce_group(self, group):
+        """Runs a group this worker still owes the GG (eagerly, with its current parameters)."""
+        from hetsync import ops
+
+        if self._variables is None:
+            raise RuntimeError(f"rank owes group {list(group.members)} but has not trained a step yet")
+        averaged = ops.p_reduce([tf.convert_to_tensor(v) for v in self._variables], list(group.members),
+                                timeout=self.options["timeout"])
+        for var, value in zip(self._variables, averaged):
+            var.assign(value)
+
+    def _leave_gg(self):
+        self.client.finish_and_drain(self._p_reduce_group)
+
+    def on_consensus_begin(self):
+        self._leave_gg()
+        super().on_consensus_begin()
+
+    def on_consensus_end(self, finished):
+        from hetsync import ops
+
+        self.services.reset()
+        ops.rejoin()
+        if finished:
+            self._leave_gg()
+            ops.withdraw()
+
+    def metrics(self):
+        """GG counters (rank 0 sums them over the job) and this worker's request/ack latency."""
+        out = {f"gg_{k}": v for k, v in self.services.gg_totals().items()}
+        for kind, stats in self.client.latency_stats().items():
+            if kind in ("request", "request_overhead"):
+                out[f"gg_{kind}_p50_ms"] = round(1e3 * stats["p50"], 3)
+                out[f"gg_{kind}_p99_ms"] = round(1e3 * stats["p99"], 3)
+        return out
+
+
+_COMMON = {"group_size": 3, "seed": 0, "ack_timeout": None, "timeout": None}
+
+
+@register
+class RipplesRandom(GroupGeneratorAlgorithm):
+    name = "ripples-random"
+    GG_MODE = "random"
+    OPTIONS = dict(_COMMON)
+    GG_OPTIONS = ("group_size", "seed", "ack_timeout")
+
+
+@register
+class RipplesSmart(GroupGeneratorAlgorithm):
+    name = "ripples-smart"
+    GG_MODE = "smart"
+    OPTIONS = dict(_COMMON, c_thres=5, inter_intra=True, exclude_laggards=True, node_size=None)
+    GG_OPTIONS = ("group_size", "seed", "ack_timeout", "c_thres", "inter_intra", "exclude_laggards", "node_size")
+
+    def validate(self):
+        super().validate()
+        c_thres = self.options["c_thres"]
+        if c_thres is not None and (not isinstance(c_thres, int) or c_thres < 1):
+            raise ValueError(f"c_thres must be a positive int or None, got {c_thres!r}")
+        node_size = self.options["node_size"]
+        if node_size is not None and (not isinstance(node_size, int) or node_size < 1):
+            raise ValueError(f"node_size must be a positive int, got {node_size!r}")

@@ -1,0 +1,139 @@
+"""The job's coordinator services: rank 0 hosts them, every rank finds them on its own (Ripples §6.2).
+
+``hetsync.init()`` creates one ``JobServices`` per process.  Rank 0 starts the Group Generator's gRPC server (bound
+to loopback when the whole job is on one host, else to this host's address) with a fresh per-job secret, and the
+address and secret reach every rank through a Horovod broadcast.  The GG starts with the smart generator; a
+``ripples-*`` optimizer installs the generator its mode and options ask for (``configure``, collective).  After a
+consensus round the same configuration is installed afresh (``reset``), so no group formed before the round
+outlives it.  At ``hetsync.shutdown()`` every worker tells the GG it finished (serving the groups it still owes),
+and rank 0 stops the server once every worker has finished or the timeout has passed.
+"""
+import socket
+import sys
+import time
+
+
+def _barrier(hvd, name):
+    import tensorflow as tf
+
+    hvd.allreduce(tf.constant(0.0), name=name)
+
+
+class JobServices:
+    """Per-process handle on the job's coordinator services (rank 0 also owns the server)."""
+
+    def __init__(self, hvd, timeout):
+        from hetsync.coordinator._proto import ensure_generated
+
+        ensure_generated()
+        self.hvd, self.timeout = hvd, float(timeout)
+        self.rank, self.size = hvd.rank(), hvd.size()
+        self.hosts = hvd.allgather_object(socket.gethostname(), name="hetsync.hosts")
+        self.server, self._client, self.config = None, None, None
+        self.owed_p_reduce = None  # set by the GG algorithm: runs a group this worker still owes
+        self._phase = 0
+        self._totals = {}  # rank 0: counters of the generators replaced so far
+        info = None
+        if self.rank == 0:
+            info = self._start_server()
+        info = hvd.broadcast_object(info, root_rank=0, name="hetsync.gg.address")
+        if isinstance(info, str):
+            raise RuntimeError(f"rank 0 could not start the Group Generator: {info}")
+        self.address, self.secret = info
+
+    def _start_server(self):
+        from hetsync.coordinator.server import start_for_job
+
+        try:
+            self.server = start_for_job(self.size, node_of=self.hosts, mode="smart", request_wait_s=self.timeout)
+        except Exception as exc:  # reported on every rank through the broadcast
+            return f"{type(exc).__name__}: {exc}"
+        return self.server.address, self.server.secret
+
+    def client(self):
+        """This rank's GG client (connected on first use)."""
+        if self._client is None:
+            from hetsync.coordinator.client import GroupGeneratorClient
+
+            self._client = GroupGeneratorClient(self.address, self.secret, self.rank, timeout=self.timeout,
+                                                connect_timeout=self.timeout)
+        return self._client
+
+    def configure(self, mode, options):
+        """Collective: every rank passes the same GG ``mode`` and ``options``; rank 0 installs that generator.
+
+        Ranks that disagree get a ValueError on every rank naming them (a silent mix would deadlock).
+        """
+        mine = repr((mode, sorted(options.items())))
+        everyone = self.hvd.allgather_object(mine, name="hetsync.gg.config")
+        differ = [r for r, cfg in enumerate(everyone) if cfg != everyone[0]]
+        if differ:
+            raise ValueError(f"ranks {differ} configured the Group Generator differently from rank 0 "
+                             f"(rank 0: {everyone[0]}; rank {differ[0]}: {everyone[differ[0]]})")
+        self.config = (mode, dict(options))
+        self._install()
+
+    def reset(self):
+        """Collective, between two global synchronization points: install the same configuration afresh."""
+        if self.config is not None:
+            self._install()
+
+    def _install(self):
+        from hetsync.coordinator.group_generator import make_generator
+
+        self._phase += 1
+        if self.rank == 0:
+            mode, options = self.config
+            options = dict(options)
+            if mode == "smart":
+                node_size = options.pop("node_size", None)
+                options["node_of"] = ([r // node_size for r in range(self.size)] if node_size else self.hosts)
+            else:
+                options.pop("node_size", None)
+            self._add_totals(self.server.metrics())
+            self.server.install(make_generator(mode, self.size, **options))
+        _barrier(self.hvd, f"hetsync.gg.install.{self._phase}")
+        if self._client is not None:
+            self._client.reset()
+
+    _COUNTERS = ("groups_formed", "groups_completed", "groups_failed", "singletons", "conflicts", "global_divisions")
+
+    def _add_totals(self, metrics):
+        for key in self._COUNTERS:
+            self._totals[key] = self._totals.get(key, 0) + metrics.get(key, 0)
+
+    def gg_totals(self):
+        """GG counters since the job started (rank 0; other ranks see the current generator's)."""
+        current = self.server.metrics() if self.server is not None else self.client().metrics()
+        return {key: self._totals.get(key, 0) + current.get(key, 0) for key in self._COUNTERS}
+
+    def stop(self):
+        """Tells the GG this worker is done (running the groups it still owes); rank 0 then
+        waits until every worker is done, at most ``timeout`` seconds, and stops the server."""
+        if self._client is not None and self.config is not None:
+            try:
+                if self.owed_p_reduce is not None:
+                    self._client.finish_and_drain(self.owed_p_reduce)
+                else:
+                    self._client.finish()
+            except Exception as exc:  # the job is ending: report, do not mask the real outcome
+                print(f"hetsync: rank {self.rank} could not finish with the Group Generator: {exc}", file=sys.stderr)
+        if self.server is not None:
+            self._wait_all_finished()
+            self.server.stop(grace=1.0)
+        if self._client is not None:
+            self._client.close()
+
+    def _wait_all_finished(self):
+        if self.config is None:
+            return
+        deadline = time.monotonic() + self.timeout
+        while True:
+            states = self.server.metrics()["state"]
+            left = [r for r, s in enumerate(states) if s == "live"]
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        if left:
+            print(f"hetsync: stopping the Group Generator although ranks {left} did not finish within "
+                  f"{self.timeout:g}s", file=sys.stderr)

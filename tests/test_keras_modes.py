@@ -1,0 +1,38 @@
+"""Multi-process Keras runs (real mpirun/horovodrun, real TensorFlow and Horovod): the sync modes end to end."""
+import json
+import os
+
+from conftest import ROOT, assert_ok, run_mpi
+
+
+def test_allreduce_matches_horovod_and_ripples_static_wiring():
+    proc = run_mpi(4, "tests/mpi/keras_modes.py")
+    assert_ok(proc, 4)
+
+
+def test_ripples_static_reaches_target_and_uneven_workers_end_together():
+    proc = run_mpi(4, "tests/mpi/keras_ripples_train.py", 0.35, launcher="horovodrun", timeout=400)
+    assert_ok(proc, 4)
+
+
+def test_example_training_script_with_slowdown(tmp_path):
+    """examples/train.py as a user runs it: ripples-static, one rank 3x slower, logs and summaries written."""
+    proc = run_mpi(4, "examples/train.py", "--sync", "ripples-static", "--steps", "60", "--slowdown",
+                   "deterministic", "--slow-ranks", "3", "--factor", "3", "--base-time", "0.01",
+                   "--log-dir", tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    summaries = [json.load(open(tmp_path / f"summary{r}.json")) for r in range(4)]
+    assert len({s["weights_checksum"] for s in summaries}) == 1, "ranks ended with different models"
+    assert all(os.path.getsize(tmp_path / f"rank{r}.csv") > 0 for r in range(4))
+    # the slowed rank slept (factor - 1) x base_time per step: at least 60 x 0.02 s
+    assert summaries[3]["train_time_s"] >= 60 * 0.02, summaries[3]
+
+
+def test_ripples_random_group_generator_trains_with_a_slow_rank():
+    proc = run_mpi(4, "tests/mpi/keras_gg_train.py", "ripples-random", 0.4, launcher="horovodrun", timeout=300)
+    assert_ok(proc, 4)
+
+
+def test_ripples_smart_group_generator_keeps_fast_ranks_going():
+    proc = run_mpi(4, "tests/mpi/keras_gg_train.py", "ripples-smart", 0.4, launcher="horovodrun", timeout=300)
+    assert_ok(proc, 4)
