@@ -26,10 +26,10 @@ ROOT = os.path.dirname(HERE)
 
 PRESETS = {
     # make demo: 4 workers, one slowed 5x, Horovod vs static Ripples.
-    "demo": dict(workers=[4], scenarios=["5x"], modes=["allreduce", "ripples-static"], steps=160),
+    "demo": dict(workers=[4], scenarios=["5x"], modes=["allreduce", "ripples-static"], steps=200),
     # make bench: the Ripples §7.4 grid.
-    "full": dict(workers=[4, 8], scenarios=["homogeneous", "2x", "5x"], modes=["allreduce", "ripples-static"],
-                 steps=200),
+    "full": dict(workers=[4, 8], scenarios=["homogeneous", "2x", "5x"],
+                 modes=["allreduce", "ripples-static", "ripples-random", "ripples-smart"], steps=200),
 }
 SCENARIOS = {"homogeneous": None, "2x": 2.0, "5x": 5.0}
 
@@ -147,7 +147,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--task", default="digits")
     p.add_argument("--target", type=float, default=0.3, help="target test loss")
-    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--lr", type=float, default=0.2)
     p.add_argument("--compute-time", type=float, default=0.04)
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--sync-option", action="append", default=[], help="passed to every non-allreduce mode")

@@ -69,6 +69,7 @@ class EvalLogger(tf.keras.callbacks.Callback):
         self.x, self.y, self.loss, self.every, self.t0, self.path, self.rank = x, y, loss, every, t0, path, rank
         self.rows = []
         self.step = 0
+        self.last_step_time = None  # wall time (since t0) when this worker's last step ended
 
     def _eval(self):
         logits = self.model(self.x, training=False)
@@ -81,6 +82,7 @@ class EvalLogger(tf.keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         self.step += 1
+        self.last_step_time = time.time() - self.t0
         if self.step % self.every == 0:
             self._eval()
 

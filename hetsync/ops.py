@@ -1,0 +1,166 @@
+"""Python side of hetsync's C++ engine: P-Reduce (Ripples §3.2/§6.1) and the engine controls.
+
+Everything here is a thin wrapper around the ops in ``hetsync/_lib/hetsync_ops.so`` (built from ``tf_ops/``).
+The engine itself is described in docs/engine.md. This module deliberately imports nothing from the rest of
+``hetsync``: the world rank/size come from the engine's own ``HetsyncEngineInfo`` op.
+"""
+import atexit
+import os
+
+import numpy as np
+import tensorflow as tf
+
+_LIB_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_lib", "hetsync_ops.so")
+
+
+def _load_library():
+    if not os.path.exists(_LIB_PATH):
+        raise ImportError(
+            f"hetsync's native library is missing ({_LIB_PATH}). Build it from the repository root with "
+            "`make -C tf_ops PYTHON=$(which python)` or reinstall with `pip install -e .`")
+    try:
+        return tf.load_op_library(_LIB_PATH)
+    except (tf.errors.NotFoundError, OSError) as e:
+        raise ImportError(
+            f"could not load {_LIB_PATH} into TensorFlow {tf.__version__} ({e}); it was probably built against "
+            "another TensorFlow or MPI: rebuild with `make -C tf_ops clean all PYTHON=$(which python)`") from e
+
+
+_lib = _load_library()
+
+# Order of the HetsyncEngineStats vector (tf_ops/engine/engine.cc, kStatNames).
+STAT_NAMES = ("preduces", "bytes", "cache_hits", "cache_misses", "cache_size", "uncached_creations",
+              "withdrawals_seen", "session", "withdrawn", "failed")
+
+# Wire dtypes of the kernel; half precisions travel as float32 (the kernel has no half arithmetic and the
+# average of half values is better computed in float32 anyway).
+_WIRE = {tf.float32: tf.float32, tf.float64: tf.float64, tf.int32: tf.int32, tf.int64: tf.int64,
+         tf.float16: tf.float32, tf.bfloat16: tf.float32}
+_WIRE_ORDER = (tf.float32, tf.float64, tf.int32, tf.int64)  # one op per wire dtype, always in this order
+
+_info_cache = {}
+_atexit_registered = [False]
+
+
+def engine_info():
+    """World rank, world size and MPI thread level (an int; MPI_THREAD_MULTIPLE is 3 in Open MPI and MPICH).
+
+    Works before engine_start() as long as MPI is initialised (hvd.init()).
+    """
+    if not _info_cache:
+        r, s, t = _lib.hetsync_engine_info()
+        _info_cache.update(rank=int(r), size=int(s), thread_level=int(t))
+    return dict(_info_cache)
+
+
+def engine_start(timeout=120.0, cache_size=None):
+    """Starts the engine; collective over all ranks, after ``hvd.init()``. While it runs, a second call changes
+    nothing (to change settings: engine_shutdown() then engine_start() on every rank).
+
+    Args:
+      timeout: default per-operation deadline in seconds (a P-Reduce can override it).
+      cache_size: communicator cache bound (Ripples §6.1); None: env ``HETSYNC_COMM_CACHE_SIZE`` or 64.
+    """
+    if timeout is None or timeout <= 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+    cache = -1 if cache_size is None else int(cache_size)
+    if cache_size is not None and cache < 0:
+        raise ValueError(f"cache_size must be >= 0, got {cache_size}")
+    _lib.hetsync_engine_start(timeout_seconds=float(timeout), cache_size=cache)
+    if not _atexit_registered[0]:
+        # Stop the progress thread before Horovod's atexit finalizes MPI (atexit runs last-registered first).
+        # Local only: at exit a peer may already be gone, so no collective drain.
+        atexit.register(lambda: _lib.hetsync_engine_shutdown(drain=False))
+        _atexit_registered[0] = True
+
+
+def engine_shutdown():
+    """Stops the engine: collective (drains stray control messages; gives up after 2 x 10 s). Idempotent."""
+    _lib.hetsync_engine_shutdown(drain=True)
+
+
+def withdraw():
+    """Leaves the current P-Reduce session: peers waiting for this rank exclude it instead of waiting."""
+    _lib.hetsync_withdraw()
+
+
+def rejoin():
+    """Starts a new P-Reduce session; call on every rank, after a global consensus step (e.g. hvd.allreduce)."""
+    _lib.hetsync_rejoin()
+
+
+def engine_stats():
+    """Counters of the running (or last) engine, as a dict keyed by STAT_NAMES."""
+    values = _lib.hetsync_engine_stats().numpy().tolist()
+    return dict(zip(STAT_NAMES, values))
+
+
+def validate_group(group, rank, size):
+    """Returns the sorted list of ranks, or raises ValueError naming the problem (same words as the kernel)."""
+    ranks = [int(r) for r in group]
+    text = "[" + ", ".join(str(r) for r in ranks) + "]"
+    if not ranks:
+        raise ValueError("P-Reduce group is empty")
+    dups = sorted({r for r in ranks if ranks.count(r) > 1})
+    if dups:
+        raise ValueError(f"P-Reduce group {text} has duplicate ranks {dups}")
+    bad = sorted(r for r in ranks if r < 0 or r >= size)
+    if bad:
+        raise ValueError(f"P-Reduce group {text} has out-of-range ranks {bad} for world size {size}")
+    if rank not in ranks:
+        raise ValueError(f"P-Reduce group {text} lacks the calling rank {rank}")
+    return sorted(ranks)
+
+
+def _group_tensor(group):
+    if isinstance(group, (tf.Tensor, tf.Variable)):
+        # Graph tensors are checked by the kernel (InvalidArgumentError with the same wording).
+        return tf.cast(group, tf.int32)
+    arr = np.asarray(group)
+    if arr.ndim != 1:
+        raise ValueError(f"P-Reduce group must be a 1-D sequence of ranks, got {group!r}")
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"P-Reduce group must contain integer ranks, got {group!r}")
+    info = engine_info()
+    return tf.constant(validate_group(arr.tolist(), info["rank"], info["size"]), dtype=tf.int32)
+
+
+def p_reduce(tensors, group, timeout=None, name=None):
+    """Averages ``tensors`` over the ranks in ``group`` (Ripples P-Reduce); every member must make the same call.
+
+    Args:
+      tensors: a tensor/variable or a list of them (any shapes; float16/bfloat16/float32/float64/int32/int64).
+      group: world ranks including the caller: list/tuple/np array (checked here, ValueError) or an int tensor.
+      timeout: seconds before the call fails with DeadlineExceededError naming the missing ranks; None: engine
+        default. After a timeout the engine refuses further work until restarted (docs/engine.md).
+      name: name scope.
+
+    Returns the averages in input order (a single tensor if a single tensor was given). Integers average with
+    truncation toward zero. Tensors are fused per dtype into one buffer (Ripples §6.1); dtypes go in a fixed order
+    chained by control dependencies, so every rank issues the same sequence of engine operations.
+    """
+    single = not isinstance(tensors, (list, tuple))
+    items = [tf.convert_to_tensor(t) for t in ([tensors] if single else tensors)]
+    if not items:
+        raise ValueError("p_reduce needs at least one tensor")
+    for t in items:
+        if t.dtype not in _WIRE:
+            raise TypeError(f"p_reduce does not support dtype {t.dtype.name}")
+    group_t = _group_tensor(group)
+    timeout_s = -1.0 if timeout is None else float(timeout)
+    if timeout is not None and timeout_s <= 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+    results = [None] * len(items)
+    with tf.name_scope(name or "p_reduce"):
+        previous = []
+        for wire in _WIRE_ORDER:
+            idx = [i for i, t in enumerate(items) if _WIRE[t.dtype] == wire]
+            if not idx:
+                continue
+            with tf.control_dependencies(previous):
+                inputs = [tf.cast(items[i], wire) if items[i].dtype != wire else items[i] for i in idx]
+                outs = _lib.hetsync_p_reduce(tensors=inputs, group=group_t, timeout_seconds=timeout_s)
+            for i, out in zip(idx, outs):
+                results[i] = tf.cast(out, items[i].dtype) if items[i].dtype != wire else out
+            previous = list(outs)
+    return results[0] if single else results

@@ -1,0 +1,28 @@
+"""The C++ engine and P-Reduce op under real mpirun jobs (4 ranks, real TensorFlow, Horovod and MPI; no mocks).
+
+Each launch combines several checks (see the scripts' docstrings) to keep the whole file near 2 minutes on 2 cores.
+"""
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, assert_ok, run_mpi
+
+
+@pytest.fixture(scope="module", autouse=True)
+def native_library():
+    """(Re)builds hetsync/_lib/hetsync_ops.so incrementally, so the tests never run a stale library."""
+    proc = subprocess.run(["make", "-C", "tf_ops", f"PYTHON={sys.executable}"], cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert proc.returncode == 0, f"make -C tf_ops failed:\n{proc.stdout[-6000:]}"
+
+
+def test_preduce_groups_dtypes_shapes_cache_and_bad_input():
+    proc = run_mpi(4, "tests/mpi/engine_basic.py", timeout=180)
+    assert_ok(proc, 4)
+
+
+def test_withdrawal_sessions_timeout_and_restart():
+    proc = run_mpi(4, "tests/mpi/engine_failures.py", timeout=180)
+    assert_ok(proc, 4)
