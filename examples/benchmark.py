@@ -8,6 +8,9 @@ Time to target: every worker evaluates its *local* model on the fixed test set e
 wall time the job's loss is the mean over workers of their latest evaluation, and the target is reached the first
 time that mean is <= the target.  (For allreduce all local models are equal, so this is just the model's loss.)
 
+GG request latency is rank 0's RPC time without the time the GG held the request waiting for its group (the
+pure request cost); the CSV also has the total (waiting included).
+
 Each step sleeps a fixed emulated compute time (``--compute-time``) so 8 workers fit on 2 cores; the real MLP
 forward/backward still runs in the step.  A slowed worker sleeps (factor - 1) x that normal time more (Ripples §7.4).
 """
@@ -94,6 +97,12 @@ def summarize(workers, scenario, mode, log_dir, wall, target):
     return row, curve
 
 
+def gg_latency(row):
+    if "gg_request_overhead_p50_ms" not in row:
+        return ""
+    return f"{row['gg_request_overhead_p50_ms']:.2f} / {row['gg_request_overhead_p99_ms']:.2f}"
+
+
 def write_outputs(rows, curves, out, target):
     keys = list(dict.fromkeys(k for row in rows for k in row))
     with open(os.path.join(out, "results.csv"), "w", newline="") as f:
@@ -103,14 +112,16 @@ def write_outputs(rows, curves, out, target):
     base = {(r["workers"], r["scenario"]): r["time_to_target_s"] for r in rows if r["mode"] == "allreduce"}
     lines = [f"Target loss {target}. Speedup = allreduce's time to target / the mode's (same run).", "",
              "| workers | scenario | mode | time to target (s) | speedup vs allreduce | steps/s per worker | "
-             "final loss | final accuracy |", "|---|---|---|---|---|---|---|---|"]
+             "final loss | final accuracy | GG conflicts | GG request p50/p99 (ms) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ttt, ref = r["time_to_target_s"], base.get((r["workers"], r["scenario"]))
         speedup = f"{ref / ttt:.2f}x" if ttt and ref else "n/a"
         acc = r["final_accuracy"]
         lines.append(f"| {r['workers']} | {r['scenario']} | {r['mode']} | "
                      f"{'not reached' if ttt is None else f'{ttt:.1f}'} | {speedup} | {r['steps_per_s']} | "
-                     f"{r['final_loss']} | {'' if acc is None else f'{acc:.3f}'} |")
+                     f"{r['final_loss']} | {'' if acc is None else f'{acc:.3f}'} | {r.get('gg_conflicts', '')} | "
+                     f"{gg_latency(r)} |")
     table = "\n".join(lines) + "\n"
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write(table)

@@ -1,0 +1,55 @@
+"""Slowdown callback protocols (no processes needed: rank and size are given explicitly)."""
+import numpy as np
+import pytest
+
+from keras_callbacks import Slowdown
+
+
+def delays(cb, steps):
+    return [cb.delay_for_step(s) for s in range(steps)]
+
+
+def test_deterministic_slows_only_the_given_ranks_by_factor_minus_one():
+    slow = Slowdown("deterministic", ranks=[3], factor=5, base_time=0.1, rank=3, size=4)
+    fast = Slowdown("deterministic", ranks=[3], factor=5, base_time=0.1, rank=1, size=4)
+    assert delays(slow, 10) == pytest.approx([0.4] * 10)
+    assert delays(fast, 10) == [0.0] * 10
+
+
+def test_deterministic_measures_the_normal_time_before_slowing():
+    cb = Slowdown("deterministic", ranks=[0], factor=3, warmup=3, rank=0, size=2)
+    assert cb.delay_for_step(0) == 0.0  # nothing measured yet
+    cb._warm_times = [0.010, 0.030, 0.020]
+    assert cb.delay_for_step(3) == pytest.approx(2 * 0.020)
+
+
+def test_random_is_seeded_and_has_the_requested_probability():
+    a = delays(Slowdown("random", factor=6, base_time=1.0, seed=7, rank=2, size=8), 4000)
+    b = delays(Slowdown("random", factor=6, base_time=1.0, seed=7, rank=2, size=8), 4000)
+    other = delays(Slowdown("random", factor=6, base_time=1.0, seed=7, rank=3, size=8), 4000)
+    assert a == b, "same seed and rank: same slow steps"
+    assert a != other, "ranks draw independently"
+    assert set(a) == {0.0, 5.0}
+    assert np.mean(np.array(a) > 0) == pytest.approx(1 / 8, abs=0.02)  # default p = 1/n (Hop §7.3.1)
+
+
+def test_imbalance_shifts_the_delays_across_ranks_each_step():
+    size = 4
+    cbs = [Slowdown("imbalance", delay_range=(0.05, 0.4), rank=r, size=size) for r in range(size)]
+    for step in range(6):
+        row = [cb.delay_for_step(step) for cb in cbs]
+        assert sorted(row) == pytest.approx(list(np.linspace(0.05, 0.4, size)))  # every delay used once
+    assert cbs[0].delay_for_step(1) == pytest.approx(cbs[1].delay_for_step(0))  # shifted by one rank per step
+
+
+@pytest.mark.parametrize("kwargs, word", [
+    (dict(mode="fast"), "mode"),
+    (dict(factor=0.5), "factor"),
+    (dict(probability=1.5, mode="random"), "probability"),
+    (dict(delay_range=(0.4, 0.1), mode="imbalance"), "delay_range"),
+    (dict(ranks=[9]), "out of range"),
+    (dict(base_time=-1), "base_time"),
+])
+def test_bad_arguments_name_the_problem(kwargs, word):
+    with pytest.raises(ValueError, match=word):
+        Slowdown(**{"rank": 0, "size": 4, **kwargs})
