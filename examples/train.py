@@ -77,6 +77,8 @@ def main(argv=None):
 
     hvd.allreduce(tf.constant(0.0), name="start_barrier")  # common t0 for all ranks
     t0 = time.time()
+    if args.log_dir:
+        os.makedirs(args.log_dir, exist_ok=True)
     log_path = os.path.join(args.log_dir, f"rank{rank}.csv") if args.log_dir else ""
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
     if args.compute_time:

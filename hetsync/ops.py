@@ -75,7 +75,8 @@ def engine_start(timeout=120.0, cache_size=None):
 
 
 def engine_shutdown():
-    """Stops the engine: collective (drains stray control messages; gives up after 2 x 10 s). Idempotent."""
+    """Stops the engine: collective (drains stray control messages; each of its two barriers gives up after the
+    engine timeout). Idempotent."""
     _lib.hetsync_engine_shutdown(drain=True)
 
 

@@ -14,7 +14,6 @@ namespace {
 
 constexpr double kDefaultTimeout = 120.0;
 constexpr int kDefaultCacheSize = 64;
-constexpr double kShutdownBarrierSeconds = 10.0;  // per barrier; a peer that never shuts down costs 10 s
 
 const char* ThreadLevelName(int level) {
   switch (level) {
@@ -244,11 +243,17 @@ void Engine::Loop() {
 }
 
 void Engine::Drain() {
-  // Best effort: every rank enters this barrier after its own progress thread stopped, so after it no new control
-  // message will be sent on this communicator. Receive and drop whatever is left (headers to ranks that never
-  // arrived, DONE notices nobody waited for), then a second barrier so senders see their sends matched.
+  // Best effort, two barriers, each bounded by the engine's default timeout (ranks can reach shutdown many seconds
+  // apart on a loaded machine). Every rank enters the first after its own progress thread stopped, so after it no
+  // new control message is sent on this communicator: receive and drop whatever is left (headers to ranks that
+  // never arrived, DONE notices nobody waited for), free the cached communicators, then the second barrier. That
+  // is our last MPI call: Horovod's shutdown is coordinated, so once any rank exits, every rank's Horovod thread
+  // calls MPI_Finalize soon after, and no rank may still be inside an MPI call of ours by then. After a timed-out
+  // barrier nothing more is done (a later barrier would pair with the wrong one on the other ranks). The engine
+  // communicator itself is left to MPI_Finalize.
+  const double deadline = ctx_.default_timeout;
   MPI_Request req;
-  if (MPI_Ibarrier(ctx_.comm, &req) != MPI_SUCCESS || !WaitWithDeadline(&req, kShutdownBarrierSeconds)) return;
+  if (MPI_Ibarrier(ctx_.comm, &req) != MPI_SUCCESS || !WaitWithDeadline(&req, deadline)) return;
   std::vector<char> sink(64 * 1024);
   int empty_probes = 0;
   while (empty_probes < 20) {
@@ -266,8 +271,10 @@ void Engine::Drain() {
     if (bytes > static_cast<int>(sink.size())) sink.resize(bytes);
     MPI_Recv(sink.data(), bytes, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, ctx_.comm, MPI_STATUS_IGNORE);
   }
-  if (MPI_Ibarrier(ctx_.comm, &req) != MPI_SUCCESS || !WaitWithDeadline(&req, kShutdownBarrierSeconds)) return;
   ctx_.PollOrphans();
+  ctx_.FreeOrphans();
+  backend_->Shutdown();
+  if (MPI_Ibarrier(ctx_.comm, &req) == MPI_SUCCESS) WaitWithDeadline(&req, deadline);
 }
 
 Status Engine::Shutdown(bool drain) {
@@ -291,14 +298,14 @@ Status Engine::Shutdown(bool drain) {
     backend_.release();  // NOLINT: intentionally leaked
     return Status::OK();
   }
-  if (drain) Drain();
-  ctx_.FreeOrphans();
   if (drain) {
-    backend_->Shutdown();
-    MPI_Comm_free(&ctx_.comm);
+    Drain();
+    backend_.reset();
+  } else {
+    // Without drain (at exit) make no collective call: communicators are left to MPI_Finalize.
+    ctx_.FreeOrphans();
+    backend_.release();  // NOLINT: intentionally leaked, its destructor would free communicators
   }
-  // Without drain the communicators are left to MPI_Finalize (freeing is formally collective).
-  backend_.reset();
   ctx_.backend = nullptr;
   return Status::OK();
 }
