@@ -47,3 +47,21 @@ def assert_ok(proc, np_):
     assert proc.returncode == 0, f"job failed ({proc.returncode}):\n{tail}"
     for r in range(np_):
         assert f"OK rank={r}" in proc.stdout, f"rank {r} did not report OK:\n{tail}"
+
+
+def connected(n, groups, nodes=None):
+    """True when the union of ``groups`` (lists of ranks) connects ``nodes`` (default all n) -- Ripples §3.3."""
+    parent = list(range(n))
+
+    def find(x):
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for group in groups:
+        members = list(group)
+        for m in members[1:]:
+            parent[find(m)] = find(members[0])
+    nodes = range(n) if nodes is None else nodes
+    return len({find(x) for x in nodes}) == 1

@@ -3,22 +3,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import connected
 from hetsync.algorithms.schedule import PERIOD, Layout, partition, period_groups, static_group
-
-
-def connected(size, groups):
-    parent = list(range(size))
-
-    def find(a):
-        while parent[a] != a:
-            parent[a] = parent[parent[a]]
-            a = parent[a]
-        return a
-
-    for group in groups:
-        for member in group[1:]:
-            parent[find(member)] = find(group[0])
-    return len({find(r) for r in range(size)}) == 1
 
 
 @settings(max_examples=300, deadline=None)
