@@ -37,14 +37,14 @@ PRESETS = {
 SCENARIOS = {"homogeneous": None, "2x": 2.0, "5x": 5.0}
 
 
-def launch(workers, mode, factor, args, log_dir):
+def launch(workers, mode, factor, args, log_dir, sync_options):
     """Runs one training job; returns its wall time.  Raises with the job's output when it fails."""
     os.makedirs(log_dir, exist_ok=True)
     cmd = ["horovodrun", "--mpi", "-np", str(workers), "-H", f"localhost:{workers}",
            sys.executable, os.path.join(HERE, "train.py"), "--sync", mode, "--task", args.task,
            "--steps", str(args.steps), "--compute-time", str(args.compute_time), "--base-time", str(args.compute_time),
            "--eval-every", str(args.eval_every), "--lr", str(args.lr), "--log-dir", log_dir, "--seed", str(args.seed)]
-    for option in args.sync_option:
+    for option in sync_options:
         cmd += ["--sync-option", option]
     if factor:
         cmd += ["--slowdown", "deterministic", "--slow-ranks", str(workers - 1), "--factor", str(factor)]
@@ -135,18 +135,40 @@ def plot(curves, out, target):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = sorted({key[:2] for key in curves})
-    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
-    for ax, panel in zip(axes[0], panels):
-        for (workers, scenario, mode), curve in sorted(curves.items()):
-            if (workers, scenario) == panel and curve:
-                ax.plot([t for t, _ in curve], [loss for _, loss in curve], label=mode)
-        ax.axhline(target, color="gray", linestyle="--", linewidth=1, label="target")
-        ax.set(title=f"{panel[0]} workers, {panel[1]}", xlabel="wall time (s)", ylabel="mean local test loss",
-               yscale="log")
-        ax.legend()
+    workers = sorted({key[0] for key in curves})
+    scenarios = [s for s in SCENARIOS if any(key[1] == s for key in curves)]
+    fig, axes = plt.subplots(len(workers), len(scenarios), figsize=(5.5 * len(scenarios), 4 * len(workers)),
+                             squeeze=False)
+    for row, n in enumerate(workers):
+        for col, scenario in enumerate(scenarios):
+            ax = axes[row][col]
+            for (w, sc, mode), curve in sorted(curves.items()):
+                if (w, sc) == (n, scenario) and curve:
+                    ax.plot([t for t, _ in curve], [loss for _, loss in curve], label=mode)
+            ax.axhline(target, color="gray", linestyle="--", linewidth=1, label="target")
+            ax.set(title=f"{n} workers, {scenario}", xlabel="wall time (s)", ylabel="mean local test loss",
+                   yscale="log")
+            ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "loss_vs_time.png"), dpi=100)
+
+
+def run_case(n, scenario, mode, args):
+    """Runs (or, with --from-logs, re-reads) one job; returns (table row, loss curve) or None if absent."""
+    log_dir = os.path.join(args.out, "logs", f"{n}w-{scenario}-{mode}")
+    if args.from_logs:
+        if not os.path.isdir(log_dir):
+            return None
+        wall = float("nan")
+    else:
+        print(f"[bench] {n} workers, {scenario}, {mode} ...", flush=True)
+        shutil.rmtree(log_dir, ignore_errors=True)
+        options = [] if mode == "allreduce" else args.sync_option
+        wall = launch(n, mode, SCENARIOS[scenario], args, log_dir, options)
+    row, curve = summarize(n, scenario, mode, log_dir, wall, args.target)
+    print(f"[bench]   {n} workers, {scenario}, {mode}: time to target {row['time_to_target_s']}, "
+          f"steps/s {row['steps_per_s']}, final loss {row['final_loss']}", flush=True)
+    return row, curve
 
 
 def main(argv=None):
@@ -165,6 +187,7 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--job-timeout", type=float, default=900)
     p.add_argument("--out", default="results/bench")
+    p.add_argument("--from-logs", action="store_true", help="rebuild the table and plot from --out's logs, no runs")
     args = p.parse_args(argv)
     preset = PRESETS[args.preset]
     workers = [int(w) for w in args.workers.split(",")] if args.workers else preset["workers"]
@@ -176,19 +199,10 @@ def main(argv=None):
     for n in workers:
         for scenario in scenarios:
             for mode in modes:
-                log_dir = os.path.join(args.out, "logs", f"{n}w-{scenario}-{mode}")
-                shutil.rmtree(log_dir, ignore_errors=True)
-                print(f"[bench] {n} workers, {scenario}, {mode} ...", flush=True)
-                saved = args.sync_option
-                if mode == "allreduce":
-                    args.sync_option = []
-                wall = launch(n, mode, SCENARIOS[scenario], args, log_dir)
-                args.sync_option = saved
-                row, curve = summarize(n, scenario, mode, log_dir, wall, args.target)
-                rows.append(row)
-                curves[(n, scenario, mode)] = curve
-                print(f"[bench]   time to target {row['time_to_target_s']}, steps/s {row['steps_per_s']}, "
-                      f"final loss {row['final_loss']}", flush=True)
+                result = run_case(n, scenario, mode, args)
+                if result is not None:
+                    rows.append(result[0])
+                    curves[(n, scenario, mode)] = result[1]
     table = write_outputs(rows, curves, args.out, args.target)
     print("\n" + table)
     print(f"wrote {args.out}/results.csv, results.md, loss_vs_time.png")
