@@ -850,15 +850,23 @@ class SmartGroupGenerator(_BaseGroupGenerator):
         return not (self.exclude_laggards and c_max - c[u] >= self.c_thres)
 
     def _partition(self, workers: Sequence[int], first: Optional[int] = None) -> list[list[int]]:
-        """Random partition into chunks of ``group_size`` (``first``, if given, lands in the first chunk); a
-        single left-over worker joins the last chunk."""
+        """Random partition into chunks of ``group_size`` (``first``, if given, lands in the first chunk).
+
+        A single left-over worker takes one worker from the previous chunk, so the last two groups are smaller
+        rather than one larger: with 4 idle workers and groups of 3 that gives 2 + 2, not one group of all four (a
+        whole-job average at every division, which would tie every worker to the slowest one).  With groups of 2
+        it joins the last pair instead.
+        """
         pool = [u for u in workers if u != first]
         self._rng.shuffle(pool)
         if first is not None and first in workers:
             pool.insert(0, first)
         chunks = [pool[i : i + self.group_size] for i in range(0, len(pool), self.group_size)]
         if len(chunks) >= 2 and len(chunks[-1]) == 1:
-            chunks[-2].extend(chunks.pop())
+            if len(chunks[-2]) > 2:
+                chunks[-1].insert(0, chunks[-2].pop())
+            else:
+                chunks[-2].extend(chunks.pop())
         return chunks
 
     def _pick_head(self, node: int, idle_here: set[int]) -> int:
