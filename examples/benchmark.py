@@ -28,8 +28,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 PRESETS = {
-    # make demo: 4 workers, one slowed 5x, Horovod vs static Ripples.
-    "demo": dict(workers=[4], scenarios=["5x"], modes=["allreduce", "ripples-static"], steps=200),
+    # make demo: 4 workers, one slowed 5x, Horovod vs static and smart Ripples.
+    "demo": dict(workers=[4], scenarios=["5x"], modes=["allreduce", "ripples-static", "ripples-smart"], steps=200),
     # make bench: the Ripples §7.4 grid.
     "full": dict(workers=[4, 8], scenarios=["homogeneous", "2x", "5x"],
                  modes=["allreduce", "ripples-static", "ripples-random", "ripples-smart"], steps=200),
