@@ -2,7 +2,7 @@
 import json
 import os
 
-from conftest import ROOT, assert_ok, run_mpi
+from conftest import assert_ok, run_mpi
 
 
 def test_allreduce_matches_horovod_and_ripples_static_wiring():

@@ -9,14 +9,13 @@ class SyncAlgorithm:
     """Base class of a synchronization method.
 
     Subclasses set ``name`` (the ``sync=`` string), ``OPTIONS`` (option name -> default) and implement
-    ``wrap(optimizer)``.  Decentralized methods (workers hold different parameters between synchronizations) set
-    ``decentralized = True``: the Consensus callback then withdraws the worker from hetsync's collectives while the
+    ``wrap(optimizer)``.  Decentralized methods (workers hold different parameters between synchronizations) use
+    the ``on_consensus_*`` hooks (see decentralized.py) to withdraw the worker from hetsync's collectives while the
     job averages parameters with Horovod, so nobody waits on a worker that is busy elsewhere.
     """
 
     name = None
     OPTIONS = {}
-    decentralized = False
 
     def __init__(self, **options):
         unknown = sorted(set(options) - set(self.OPTIONS))

@@ -9,7 +9,7 @@ from hetsync.algorithms.base import SyncAlgorithm
 
 
 class DecentralizedAlgorithm(SyncAlgorithm):
-    decentralized = True
+    """Withdraws from P-Reduce for each consensus round and rejoins after it."""
 
     def on_consensus_begin(self):
         from hetsync import ops
