@@ -1,10 +1,11 @@
-"""Python side of hetsync's C++ engine: P-Reduce (Ripples §3.2/§6.1) and the engine controls.
+"""Python side of hetsync's C++ engine: P-Reduce (Ripples §3.2/§6.1), availability, and the engine controls.
 
 Everything here is a thin wrapper around the ops in ``hetsync/_lib/hetsync_ops.so`` (built from ``tf_ops/``).
 The engine itself is described in docs/engine.md. This module deliberately imports nothing from the rest of
 ``hetsync``: the world rank/size come from the engine's own ``HetsyncEngineInfo`` op.
 """
 import atexit
+import ctypes
 import os
 
 import numpy as np
@@ -27,16 +28,28 @@ def _load_library():
 
 
 _lib = _load_library()
+# The same library (dlopen returns the loaded handle): the C entry points that report availability are two atomic
+# stores, cheap enough to call around every train step.
+_clib = ctypes.CDLL(_LIB_PATH)
+_clib.hetsync_set_availability.argtypes = [ctypes.c_int]
+_clib.hetsync_get_availability.restype = ctypes.c_int
+_clib.hetsync_set_away_after.argtypes = [ctypes.c_double]
 
 # Order of the HetsyncEngineStats vector (tf_ops/engine/engine.cc, kStatNames).
 STAT_NAMES = ("preduces", "bytes", "cache_hits", "cache_misses", "cache_size", "uncached_creations",
-              "withdrawals_seen", "session", "withdrawn", "failed")
+              "withdrawals_seen", "session", "withdrawn", "failed", "away_events", "self_excluded",
+              "peers_excluded", "away", "wire_bytes")
+
+# Availability (tf_ops/engine/control.h): where this rank's Python thread is.
+IN_STEP, BETWEEN, AWAY = 0, 1, 2
+DEFAULT_AWAY_AFTER_S = 0.2
 
 # Wire dtypes of the kernel; half precisions travel as float32 (the kernel has no half arithmetic and the
 # average of half values is better computed in float32 anyway).
 _WIRE = {tf.float32: tf.float32, tf.float64: tf.float64, tf.int32: tf.int32, tf.int64: tf.int64,
          tf.float16: tf.float32, tf.bfloat16: tf.float32}
 _WIRE_ORDER = (tf.float32, tf.float64, tf.int32, tf.int64)  # one op per wire dtype, always in this order
+_SUB_SCALE = tf.constant([len(_WIRE_ORDER), 1], tf.int64)  # explicit stream s -> engine streams 4s .. 4s+3
 
 _info_cache = {}
 _atexit_registered = [False]
@@ -72,6 +85,34 @@ def engine_start(timeout=120.0, cache_size=None):
         # Local only: at exit a peer may already be gone, so no collective drain.
         atexit.register(lambda: _lib.hetsync_engine_shutdown(drain=False))
         _atexit_registered[0] = True
+
+
+def set_availability(state):
+    """Reports where this rank is: IN_STEP (peers wait for it), BETWEEN (left its step: away once it stays out
+    longer than away_after), AWAY (OUT of every instance it has not started, at once).  Thread-safe, ~1 us."""
+    if state not in (IN_STEP, BETWEEN, AWAY):
+        raise ValueError(f"availability must be IN_STEP, BETWEEN or AWAY, got {state!r}")
+    _clib.hetsync_set_availability(int(state))
+
+
+def availability():
+    return int(_clib.hetsync_get_availability())
+
+
+def set_away_after(seconds):
+    """Seconds a rank may stay between two steps before peers stop waiting for it (default 0.2)."""
+    if seconds is None or seconds < 0:
+        raise ValueError(f"away_after must be >= 0 seconds, got {seconds!r}")
+    _clib.hetsync_set_away_after(float(seconds))
+
+
+def exclude(stream, seqs):
+    """This rank is OUT of instances ``(stream, seq)`` for ``seq`` in ``seqs`` (a coordinator excluded it)."""
+    seqs = [int(q) for q in seqs]
+    if seqs:
+        for k in range(len(_WIRE_ORDER)):  # every dtype sub-stream of p_reduce(instance=(stream, seq))
+            _lib.hetsync_exclude(tf.constant(int(stream) * len(_WIRE_ORDER) + k, tf.int64),
+                                 tf.constant(seqs, tf.int64))
 
 
 def engine_shutdown():
@@ -126,7 +167,29 @@ def _group_tensor(group):
     return tf.constant(validate_group(arr.tolist(), info["rank"], info["size"]), dtype=tf.int32)
 
 
-def p_reduce(tensors, group, timeout=None, name=None):
+def _instance_tensor(instance):
+    if instance is None:
+        return tf.constant([0, 0], tf.int64)
+    if isinstance(instance, (tf.Tensor, tf.Variable)):
+        return tf.cast(instance, tf.int64)
+    stream, seq = instance
+    if isinstance(stream, int) and not 0 < stream < 2 ** 62:
+        raise ValueError(f"instance stream must be in [1, 2**62), got {stream}")
+    return tf.stack([tf.cast(stream, tf.int64), tf.cast(seq, tf.int64)])
+
+
+def _wire_half(compression):
+    if compression is None:
+        return False
+    name = getattr(compression, "__name__", type(compression).__name__).lower()
+    if "fp16" in name or compression == "fp16":
+        return True
+    if "none" in name or compression == "none":
+        return False
+    raise ValueError(f"compression must be None, 'fp16' or a Horovod Compression (none/fp16), got {compression!r}")
+
+
+def p_reduce(tensors, group, timeout=None, name=None, instance=None, compression=None):
     """Averages ``tensors`` over the ranks in ``group`` (Ripples P-Reduce); every member must make the same call.
 
     Args:
@@ -135,6 +198,11 @@ def p_reduce(tensors, group, timeout=None, name=None):
       timeout: seconds before the call fails with DeadlineExceededError naming the missing ranks; None: engine
         default. After a timeout the engine refuses further work until restarted (docs/engine.md).
       name: name scope.
+      instance: ``(stream, seq)`` naming this P-Reduce the same on every member (an int64 [2] tensor inside a
+        graph); seqs of one stream must increase on each rank.  None: the n-th call for this group.  A member that
+        is away (between steps for too long, at an epoch end, finished) answers EXCLUDE and the others average
+        without it (docs/engine.md).
+      compression: None / 'fp16' / ``hvd.Compression.fp16``: float tensors travel and are summed as float16.
 
     Returns the averages in input order (a single tensor if a single tensor was given). Integers average with
     truncation toward zero. Tensors are fused per dtype into one buffer (Ripples §6.1); dtypes go in a fixed order
@@ -148,19 +216,24 @@ def p_reduce(tensors, group, timeout=None, name=None):
         if t.dtype not in _WIRE:
             raise TypeError(f"p_reduce does not support dtype {t.dtype.name}")
     group_t = _group_tensor(group)
+    instance_t = _instance_tensor(instance)
+    half = _wire_half(compression)
     timeout_s = -1.0 if timeout is None else float(timeout)
     if timeout is not None and timeout_s <= 0:
         raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
     results = [None] * len(items)
     with tf.name_scope(name or "p_reduce"):
         previous = []
-        for wire in _WIRE_ORDER:
+        for k, wire in enumerate(_WIRE_ORDER):
             idx = [i for i, t in enumerate(items) if _WIRE[t.dtype] == wire]
             if not idx:
                 continue
+            # One engine op per wire dtype, each an instance of its own sub-stream (stream * 4 + dtype index).
+            inst_k = instance_t if instance is None else instance_t * _SUB_SCALE + tf.constant([k, 0], tf.int64)
             with tf.control_dependencies(previous):
                 inputs = [tf.cast(items[i], wire) if items[i].dtype != wire else items[i] for i in idx]
-                outs = _lib.hetsync_p_reduce(tensors=inputs, group=group_t, timeout_seconds=timeout_s)
+                outs = _lib.hetsync_p_reduce(tensors=inputs, group=group_t, instance=inst_k,
+                                             timeout_seconds=timeout_s, wire_half=half and wire == tf.float32)
             for i, out in zip(idx, outs):
                 results[i] = tf.cast(out, items[i].dtype) if items[i].dtype != wire else out
             previous = list(outs)

@@ -26,3 +26,8 @@ def test_preduce_groups_dtypes_shapes_cache_and_bad_input():
 def test_withdrawal_sessions_timeout_and_restart():
     proc = run_mpi(4, "tests/mpi/engine_failures.py", timeout=180)
     assert_ok(proc, 4)
+
+
+def test_availability_exclusion_exclude_op_late_headers_and_fp16():
+    proc = run_mpi(4, "tests/mpi/engine_away.py", timeout=180)
+    assert_ok(proc, 4)

@@ -29,9 +29,10 @@ def check_withdrawal(ops, rank):
                  f"rank {rank} has withdrawn from P-Reduce session 0", "rejoin()")
     stats = ops.engine_stats()
     assert stats["withdrawn"] == 1 and stats["session"] == 0, stats
-    # each withdrawn peer is noticed once: the first time this rank waits for it (then it is in the done-set)
+    # the control plane receives every DONE as it arrives: at least the peers this rank had to go without were
+    # seen (each once), at most the three others
     noticed = {g for step in range(steps_of(rank)) for g in group_of(schedule[step], rank) if step >= steps_of(g)}
-    assert stats["withdrawals_seen"] == len(noticed), (stats, noticed)
+    assert len(noticed) <= stats["withdrawals_seen"] <= 3, (stats, noticed)
     # global consensus (Horovod, not the engine), then everybody starts session 1
     total = hvd.allreduce(tf.constant(stats["preduces"], tf.int64), op=hvd.Sum)
     assert int(total) == sum(steps_of(r) for r in range(4)), int(total)
@@ -39,8 +40,8 @@ def check_withdrawal(ops, rank):
     stats = ops.engine_stats()
     assert stats["withdrawn"] == 0 and stats["session"] == 1, stats
 
-    # session 1: rank 0 withdraws at once; the others still address it and get its DONE instead of a header,
-    # so the headers they sent it stay unreceived until session 2 (where rank 0 must drop them as stale)
+    # session 1: rank 0 withdraws at once; the others may still address it (before its DONE arrives): rank 0's
+    # control plane answers EXCLUDE, or its DONE resolves the wait; their headers are dropped as stale later
     if rank == 0:
         ops.withdraw()
     else:

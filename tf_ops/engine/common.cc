@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <set>
 #include <sstream>
@@ -14,6 +15,7 @@ const char* DataTypeName(DataType t) {
     case DataType::kFloat64: return "float64";
     case DataType::kInt32: return "int32";
     case DataType::kInt64: return "int64";
+    case DataType::kFloat16: return "float16";
   }
   return "unknown-dtype";
 }
@@ -24,11 +26,12 @@ size_t DataTypeSize(DataType t) {
     case DataType::kFloat64: return 8;
     case DataType::kInt32: return 4;
     case DataType::kInt64: return 8;
+    case DataType::kFloat16: return 2;
   }
   return 0;
 }
 
-bool DataTypeValid(int32_t t) { return t >= 1 && t <= 4; }
+bool DataTypeValid(int32_t t) { return t >= 1 && t <= 5; }
 
 std::string FormatRanks(const std::vector<int>& ranks) {
   std::ostringstream os;
@@ -80,6 +83,56 @@ uint64_t Fnv1a64(const void* data, size_t n, uint64_t seed) {
     h *= 1099511628211ULL;
   }
   return h;
+}
+
+float HalfToFloat(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1f;
+  uint32_t mant = h & 0x3ff;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal half: normalise
+      exp = 127 - 15 + 1;
+      while (!(mant & 0x400)) {
+        mant <<= 1;
+        --exp;
+      }
+      mant &= 0x3ff;
+      bits = sign | (exp << 23) | (mant << 13);
+    }
+  } else if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);  // inf / nan
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+uint16_t FloatToHalf(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, sizeof(x));
+  uint32_t sign = (x >> 16) & 0x8000;
+  uint32_t absx = x & 0x7fffffff;
+  if (absx >= 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00 | (absx > 0x7f800000u ? 0x200 : 0));
+  if (absx >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00);  // overflow -> inf
+  if (absx < 0x38800000u) {  // subnormal or zero in half
+    if (absx < 0x33000000u) return static_cast<uint16_t>(sign);
+    uint32_t mant = (absx & 0x7fffff) | 0x800000;
+    int shift = 113 - static_cast<int>(absx >> 23);  // 126 - 14 + 1
+    uint32_t half_mant = mant >> (shift + 13);
+    uint32_t rest = mant & ((1u << (shift + 13)) - 1);
+    uint32_t halfway = 1u << (shift + 12);
+    if (rest > halfway || (rest == halfway && (half_mant & 1))) ++half_mant;
+    return static_cast<uint16_t>(sign | half_mant);
+  }
+  uint32_t h = ((absx - 0x38000000u) >> 13);
+  uint32_t rest = absx & 0x1fff;
+  if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) ++h;
+  return static_cast<uint16_t>(sign | h);
 }
 
 }  // namespace hetsync

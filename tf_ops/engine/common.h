@@ -36,8 +36,13 @@ struct Status {
   }
 };
 
-// The wire/element types P-Reduce supports (float16/bfloat16 are widened to float32 in Python).
-enum class DataType : int32_t { kFloat32 = 1, kFloat64 = 2, kInt32 = 3, kInt64 = 4 };
+// The wire/element types P-Reduce supports. kFloat16 is IEEE half: float32 tensors travel as it when the user asks
+// for fp16 compression (the kernel converts on copy-in/copy-out); bfloat16 tensors are widened in Python.
+enum class DataType : int32_t { kFloat32 = 1, kFloat64 = 2, kInt32 = 3, kInt64 = 4, kFloat16 = 5 };
+
+// IEEE half <-> float, round to nearest even (no TF/Eigen here: the engine is framework-free).
+float HalfToFloat(uint16_t h);
+uint16_t FloatToHalf(float f);
 
 const char* DataTypeName(DataType t);  // "float32", ... ; "dtype(<n>)" for unknown values
 size_t DataTypeSize(DataType t);       // 0 for unknown values

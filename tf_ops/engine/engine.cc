@@ -6,9 +6,10 @@
 
 namespace hetsync {
 
-const char* const kStatNames[10] = {"preduces",           "bytes",           "cache_hits", "cache_misses",
-                                    "cache_size",         "uncached_creations", "withdrawals_seen",
-                                    "session",            "withdrawn",       "failed"};
+const char* const kStatNames[kNumStats] = {
+    "preduces", "bytes",     "cache_hits",  "cache_misses",  "cache_size",     "uncached_creations", "withdrawals_seen",
+    "session",  "withdrawn", "failed",      "away_events",   "self_excluded",  "peers_excluded",     "away",
+    "wire_bytes"};
 
 namespace {
 
@@ -126,6 +127,11 @@ Status Engine::Start(double timeout_seconds, int cache_size) {
   counters_.session = 0;
   counters_.withdrawn = false;
   counters_.failed = false;
+  counters_.away_events = 0;
+  counters_.self_excluded = 0;
+  counters_.peers_excluded = 0;
+  counters_.away = 0;
+  counters_.wire_bytes = 0;
   ctx_.counters = &counters_;
   backend_ = std::make_unique<MpiBackend>(comm, cache_size);
   ctx_.backend = backend_.get();
@@ -135,6 +141,7 @@ Status Engine::Start(double timeout_seconds, int cache_size) {
     stop_ = false;
     queue_.clear();
   }
+  ctx_.control.Start(ctx_);
   thread_ = std::thread([this] { Loop(); });
   running_ = true;
   return Status::OK();
@@ -163,21 +170,17 @@ void Engine::Loop() {
     std::deque<std::shared_ptr<Operation>> incoming;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      if (active.empty() && serial_waiting.empty() && queue_.empty() && !stop_) {
-        // Idle: sleep until work arrives. Leftover sends are rechecked now and then so their buffers get freed.
-        if (ctx_.orphans_.empty()) {
-          cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-        } else {
-          cv_.wait_for(lock, std::chrono::milliseconds(20), [this] { return stop_ || !queue_.empty(); });
-        }
-        idle_rounds = 0;
-        sleep_us = 0;
+      if (active.empty() && serial_waiting.empty() && queue_.empty() && !stop_ && idle_rounds > 16) {
+        // Idle: sleep until work arrives, but wake every millisecond: the control plane must answer peers'
+        // headers (EXCLUDE while this rank is away) even when this rank has nothing of its own to do.
+        cv_.wait_for(lock, std::chrono::milliseconds(1), [this] { return stop_ || !queue_.empty(); });
       }
       if (stop_) break;
       incoming.swap(queue_);
     }
     ctx_.progressed_ = false;
     ctx_.busy_ = false;
+    if (ctx_.control.Poll(ctx_)) ctx_.MarkProgress();
     for (auto& op : incoming) {
       if (op->Serial()) {
         serial_waiting.push_back(std::move(op));
@@ -290,6 +293,11 @@ Status Engine::Shutdown(bool drain) {
   cv_.notify_all();
   thread_.join();
   running_ = false;
+  {
+    int fin_now = 0;
+    MPI_Finalized(&fin_now);
+    if (!fin_now) ctx_.control.Stop(ctx_);
+  }
   last_backend_stats_ = backend_->Stats();
   int fin = 0;
   MPI_Finalized(&fin);
@@ -324,7 +332,22 @@ EngineStats Engine::Stats() const {
   s.values[7] = counters_.session;
   s.values[8] = counters_.withdrawn ? 1 : 0;
   s.values[9] = counters_.failed ? 1 : 0;
+  s.values[10] = counters_.away_events;
+  s.values[11] = counters_.self_excluded;
+  s.values[12] = counters_.peers_excluded;
+  s.values[13] = counters_.away;
+  s.values[14] = counters_.wire_bytes;
   return s;
 }
 
 }  // namespace hetsync
+
+// C entry points for the Python control plane (hetsync/ops.py loads this library with ctypes as well): reporting
+// where the Python thread is must cost nothing, so it is two atomic stores, no TF op and no queue.
+extern "C" {
+void hetsync_set_availability(int state) {
+  hetsync::GlobalAvailability().Set(static_cast<hetsync::Availability>(state));
+}
+int hetsync_get_availability() { return hetsync::GlobalAvailability().state.load(); }
+void hetsync_set_away_after(double seconds) { hetsync::GlobalAvailability().away_after = seconds; }
+}

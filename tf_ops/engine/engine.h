@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <map>
 #include <set>
 #include <string>
 #include <thread>
@@ -23,13 +24,14 @@
 
 #include "engine/backend.h"
 #include "engine/common.h"
+#include "engine/control.h"
 
 namespace hetsync {
 
 using Clock = std::chrono::steady_clock;
 
-// Control-plane tag on the engine communicator: P-Reduce headers and DONE (withdrawal) notices. One tag, so a
-// DONE lands in the same per-peer FIFO position on every receiver (MPI non-overtaking), see preduce.h.
+// Control-plane tag on the engine communicator: headers, EXCLUDE and DONE notices (control.h). One tag, so a
+// rank's DONE reaches every peer after all of its earlier headers (MPI non-overtaking).
 constexpr int kHeaderTag = 0x4853;
 
 // Counters. Written by the progress thread, read by Stats() from any thread.
@@ -40,13 +42,19 @@ struct EngineCounters {
   std::atomic<int64_t> session{0};
   std::atomic<bool> withdrawn{false};
   std::atomic<bool> failed{false};
+  std::atomic<int64_t> away_events{0};     // times this rank went away (control.h)
+  std::atomic<int64_t> self_excluded{0};   // instances this rank decided OUT of
+  std::atomic<int64_t> peers_excluded{0};  // members missing from this rank's instances (EXCLUDE or DONE)
+  std::atomic<int64_t> away{0};            // 1 while this rank counts as away
+  std::atomic<int64_t> wire_bytes{0};      // bytes this rank's data phases reduced (after compression)
 };
 
 // Snapshot returned by Engine::Stats(); the order of kStatNames is the order of the TF stats vector.
+constexpr int kNumStats = 15;
 struct EngineStats {
-  int64_t values[10] = {0};
+  int64_t values[kNumStats] = {0};
 };
-extern const char* const kStatNames[10];
+extern const char* const kStatNames[kNumStats];
 
 // What an Operation may touch while the progress thread drives it. Everything here is used by the progress
 // thread only (no locking), except the atomic counters.
@@ -63,6 +71,8 @@ class EngineContext {
   uint64_t session = 0;
   std::set<int> done;      // ranks that withdrew in this session
   bool withdrawn = false;  // this rank withdrew in this session
+  ControlPlane control;    // the mailbox and this rank's availability (control.h)
+  std::map<uint64_t, int64_t> implicit_seq;  // per-group call counters: implicit instance keys
 
   // ---- failure: after a timeout, stale control messages may be in flight, so every later op fails fast ----
   bool failed() const { return !failure_.empty(); }

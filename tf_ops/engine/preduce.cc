@@ -9,8 +9,6 @@
 namespace hetsync {
 namespace {
 
-static_assert(std::is_trivially_copyable<WireHeader>::value, "WireHeader is sent as raw bytes");
-
 std::string Unusable(const EngineContext& ctx) {
   return "the hetsync engine is unusable after an earlier failure (" + ctx.failure() +
          "); unmatched protocol messages may still be in flight and could pair with a later P-Reduce, so every "
@@ -51,13 +49,6 @@ std::string Describe(const WireHeader& h, bool with_group) {
   return s + DataTypeName(static_cast<DataType>(h.dtype)) + " x " + std::to_string(h.count) + " " + sig;
 }
 
-template <typename T>
-void Divide(void* buf, int64_t n, T by) {
-  // Integers: C++ division truncates toward zero (so -3 / 2 == -1, unlike numpy's floor division).
-  T* p = static_cast<T*>(buf);
-  for (int64_t i = 0; i < n; ++i) p[i] /= by;
-}
-
 // Keeps an abandoned collective's buffer and request alive for as long as the process lives.
 struct InFlight {
   std::shared_ptr<void> buffer;
@@ -67,7 +58,8 @@ struct InFlight {
 }  // namespace
 
 PReduceOp::PReduceOp(std::vector<int> group, DataType dtype, int64_t count, std::string shape_signature,
-                     double timeout_seconds, void* data, std::shared_ptr<void> keepalive, Callback cb)
+                     double timeout_seconds, void* data, std::shared_ptr<void> keepalive, Callback cb,
+                     uint64_t stream, int64_t seq, std::shared_ptr<int> effective)
     : Operation(std::move(cb)),
       group_(std::move(group)),
       dtype_(dtype),
@@ -75,12 +67,21 @@ PReduceOp::PReduceOp(std::vector<int> group, DataType dtype, int64_t count, std:
       signature_(std::move(shape_signature)),
       timeout_(timeout_seconds),
       data_(data),
-      keepalive_(std::move(keepalive)) {}
+      keepalive_(std::move(keepalive)),
+      key_{stream, seq},
+      effective_size_(std::move(effective)) {}
 
 PReduceOp::~PReduceOp() = default;
 
-void PReduceOp::PostRecv(EngineContext& ctx, size_t i) {
-  MPI_Irecv(&received_[i], sizeof(WireHeader), MPI_BYTE, peers_[i], kHeaderTag, ctx.comm, &recv_reqs_[i]);
+bool PReduceOp::Done(EngineContext& ctx, Status s) {
+  ctx.control.Resolve(ctx, key_);
+  return Fail(std::move(s));
+}
+
+bool PReduceOp::Identity(EngineContext& ctx) {
+  if (effective_size_) *effective_size_ = 1;
+  ++ctx.counters->preduces;
+  return Done(ctx, Status::OK());
 }
 
 void PReduceOp::Start(EngineContext& ctx) {
@@ -102,15 +103,32 @@ void PReduceOp::Start(EngineContext& ctx) {
     return;
   }
   std::sort(group_.begin(), group_.end());
+  const uint64_t group_hash = Fnv1a64(group_.data(), group_.size() * sizeof(int));
+  if (key_.stream == 0) {  // implicit key: the n-th P-Reduce of this group on this rank
+    key_.stream = group_hash | (1ULL << 63);
+    key_.seq = ++ctx.implicit_seq[key_.stream];
+  } else if (ctx.control.IsLate(key_)) {
+    Fail(Status::Error(Code::kInvalidArgument,
+                       "P-Reduce instance " + std::to_string(key_.seq) + " of stream " + std::to_string(key_.stream) +
+                           " is not after the last one this rank ran: instance ids must increase"));
+    return;
+  }
   if (timeout_ <= 0) timeout_ = ctx.default_timeout;
   deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_));
+  // Size 1, or this rank is already OUT of the instance (it was away when a peer asked): identity, no messages.
+  if (group_.size() == 1 || ctx.control.TakeDecidedOut(key_)) {
+    Identity(ctx);
+    return;
+  }
 
   mine_ = std::make_shared<WireHeader>();
   FillCommon(mine_.get(), kKindPReduce, ctx);
+  mine_->stream = key_.stream;
+  mine_->seq = key_.seq;
   mine_->dtype = static_cast<int32_t>(dtype_);
   mine_->count = count_;
   mine_->shape_hash = Fnv1a64(signature_.data(), signature_.size());
-  mine_->group_hash = Fnv1a64(group_.data(), group_.size() * sizeof(int));
+  mine_->group_hash = group_hash;
   mine_->group_size = static_cast<int32_t>(group_.size());
   mine_->group_listed = std::min<int32_t>(mine_->group_size, kMaxListedRanks);
   std::copy(group_.begin(), group_.begin() + mine_->group_listed, mine_->group);
@@ -118,17 +136,17 @@ void PReduceOp::Start(EngineContext& ctx) {
   if (sig.size() >= static_cast<size_t>(kSignatureChars)) sig = sig.substr(0, kSignatureChars - 4) + "...";
   std::memcpy(mine_->signature, sig.data(), sig.size());
 
-  // Ranks known to have withdrawn in this session are neither sent to nor waited for (they stopped receiving).
+  // IN: from now on this rank keeps every message of the instance, whatever its availability.
+  ctx.control.Join(key_);
+  // Ranks known to have withdrawn in this session are neither sent to nor waited for.
   for (int r : group_) {
     if (r != ctx.rank && !ctx.done.count(r)) peers_.push_back(r);
   }
   received_.resize(peers_.size());
-  recv_reqs_.assign(peers_.size(), MPI_REQUEST_NULL);
   send_reqs_.assign(peers_.size(), MPI_REQUEST_NULL);
   got_.assign(peers_.size(), 0);
   for (size_t i = 0; i < peers_.size(); ++i) {
     MPI_Isend(mine_.get(), sizeof(WireHeader), MPI_BYTE, peers_[i], kHeaderTag, ctx.comm, &send_reqs_[i]);
-    PostRecv(ctx, i);
   }
 }
 
@@ -153,55 +171,32 @@ bool PReduceOp::ProgressHeaders(EngineContext& ctx) {
   bool all = true;
   for (size_t i = 0; i < peers_.size(); ++i) {
     if (got_[i]) continue;
-    int flag = 0;
-    MPI_Test(&recv_reqs_[i], &flag, MPI_STATUS_IGNORE);
-    if (!flag) {
+    int kind = ctx.control.Take(key_, peers_[i], &received_[i]);
+    // A DONE orders after every header its sender sent before it, and the mailbox delivers in arrival order: a
+    // withdrawn peer with no header here never joined this instance.
+    if (kind == 0 && ctx.done.count(peers_[i])) kind = 2;
+    if (kind == 0) {
       all = false;
       continue;
     }
     ctx.MarkProgress();
-    const WireHeader& h = received_[i];
-    if (h.magic != kHeaderMagic) {
-      ctx.Fail("corrupt P-Reduce header from rank " + std::to_string(peers_[i]));
-      return Fail(Status::Error(Code::kInternal, "received a corrupt P-Reduce header from rank " +
-                                                     std::to_string(peers_[i]) + " (bad magic)"));
-    }
-    if (h.session < ctx.session) {  // left over from an older session (see RejoinOp): drop it, wait again
-      PostRecv(ctx, i);
-      all = false;
-      continue;
-    }
-    if (h.session > ctx.session) {
-      std::string why = "rank " + std::to_string(peers_[i]) + " is in P-Reduce session " +
-                        std::to_string(h.session) + " but rank " + std::to_string(ctx.rank) + " is in session " +
-                        std::to_string(ctx.session) + ": rejoin() must be called by every rank";
-      ctx.Fail(why);
-      return Fail(Status::Error(Code::kFailedPrecondition, why));
-    }
-    if (h.kind == kKindDone) {
-      ctx.done.insert(peers_[i]);
-      ++ctx.counters->withdrawals_seen;
-      got_[i] = 2;
-    } else {
-      got_[i] = 1;
-    }
+    got_[i] = static_cast<char>(kind);
+    if (kind == 2) ++ctx.counters->peers_excluded;
   }
   if (all) return CheckHeadersAndStartData(ctx);
   if (Clock::now() < deadline_) return false;
 
   std::vector<int> missing;
   for (size_t i = 0; i < peers_.size(); ++i) {
-    if (got_[i]) continue;
-    missing.push_back(peers_[i]);
-    MPI_Cancel(&recv_reqs_[i]);
-    MPI_Wait(&recv_reqs_[i], MPI_STATUS_IGNORE);
+    if (!got_[i]) missing.push_back(peers_[i]);
   }
   std::string msg = "P-Reduce on group " + FormatRanks(group_) + " timed out after " + FormatSeconds(timeout_) +
-                    " s waiting for ranks " + FormatRanks(missing);
+                    " s waiting for ranks " + FormatRanks(missing) +
+                    " (they are inside their train step but never reached this P-Reduce, or died)";
   ctx.Fail(msg);
-  return Fail(Status::Error(Code::kDeadlineExceeded,
-                            msg + "; the hetsync engine is now unusable until it is shut down and started again "
-                                  "on every rank (see docs/engine.md, timeouts)"));
+  return Done(ctx, Status::Error(Code::kDeadlineExceeded,
+                                 msg + "; the hetsync engine is now unusable until it is shut down and started "
+                                       "again on every rank (see docs/engine.md, timeouts)"));
 }
 
 bool PReduceOp::CheckHeadersAndStartData(EngineContext& ctx) {
@@ -216,7 +211,7 @@ bool PReduceOp::CheckHeadersAndStartData(EngineContext& ctx) {
     auto it = std::find(peers_.begin(), peers_.end(), r);
     if (it == peers_.end()) continue;  // withdrew earlier in this session
     size_t i = it - peers_.begin();
-    if (got_[i] != 1) continue;  // withdrew now
+    if (got_[i] != 1) continue;  // OUT of this instance
     effective_.push_back(r);
     headers.push_back(&received_[i]);
   }
@@ -232,16 +227,13 @@ bool PReduceOp::CheckHeadersAndStartData(EngineContext& ctx) {
                       std::to_string(h.sender) + " sent " + Describe(h, group_differs);
     // Different requested groups mean the ranks' schedules disagree: headers may now be unmatched.
     if (group_differs) ctx.Fail(msg);
-    return Fail(Status::Error(Code::kInvalidArgument, msg));
+    return Done(ctx, Status::Error(Code::kInvalidArgument, msg));
   }
-  if (effective_.size() == 1) {  // everybody else withdrew: identity
-    ++ctx.counters->preduces;
-    return Fail(Status::OK());
-  }
+  if (effective_.size() == 1) return Identity(ctx);  // everybody else is OUT
   Status s = ctx.backend->StartAllreduceSum(effective_, data_, count_, dtype_, &pending_);
   if (!s.ok) {
     ctx.Fail(s.message);
-    return Fail(s);
+    return Done(ctx, s);
   }
   phase_ = Phase::kData;
   // The data phase gets its own deadline of the same length: the header phase may legitimately have spent most
@@ -257,7 +249,7 @@ bool PReduceOp::ProgressData(EngineContext& ctx) {
   if (!s.ok) {
     ctx.Fail(s.message);
     ctx.Abandon(std::make_shared<InFlight>(InFlight{keepalive_, std::move(pending_)}));
-    return Fail(s);
+    return Done(ctx, s);
   }
   if (!done) {
     ctx.MarkBusy();
@@ -267,20 +259,15 @@ bool PReduceOp::ProgressData(EngineContext& ctx) {
     ctx.Fail(msg);
     // MPI may still write into the buffer: keep it (and the request) alive forever.
     ctx.Abandon(std::make_shared<InFlight>(InFlight{keepalive_, std::move(pending_)}));
-    return Fail(Status::Error(Code::kDeadlineExceeded, msg + "; the hetsync engine is now unusable"));
+    return Done(ctx, Status::Error(Code::kDeadlineExceeded, msg + "; the hetsync engine is now unusable"));
   }
   pending_.reset();  // frees an uncached communicator
-  const auto n = static_cast<int64_t>(effective_.size());
-  switch (dtype_) {
-    case DataType::kFloat32: Divide<float>(data_, count_, static_cast<float>(n)); break;
-    case DataType::kFloat64: Divide<double>(data_, count_, static_cast<double>(n)); break;
-    case DataType::kInt32: Divide<int32_t>(data_, count_, static_cast<int32_t>(n)); break;
-    case DataType::kInt64: Divide<int64_t>(data_, count_, n); break;
-  }
+  if (effective_size_) *effective_size_ = static_cast<int>(effective_.size());
   ++ctx.counters->preduces;
   ctx.counters->bytes += count_ * static_cast<int64_t>(DataTypeSize(dtype_));
+  ctx.counters->wire_bytes += count_ * static_cast<int64_t>(DataTypeSize(dtype_));
   ctx.MarkProgress();
-  return Fail(Status::OK());
+  return Done(ctx, Status::OK());
 }
 
 void WithdrawOp::Start(EngineContext& ctx) {
@@ -292,8 +279,8 @@ void WithdrawOp::Start(EngineContext& ctx) {
     Finish(Status::OK());
     return;
   }
-  // Sent on the header tag, after every earlier P-Reduce header of this rank (serial op order), so each peer
-  // meets it exactly where it would have met our next header.
+  // Sent on the header tag, after every earlier P-Reduce header of this rank (serial op order): a peer that gets
+  // it has every header this rank ever sent it, so a missing one means OUT.
   auto done = std::make_shared<WireHeader>();
   FillCommon(done.get(), kKindDone, ctx);
   std::vector<MPI_Request> reqs;
@@ -314,12 +301,19 @@ void RejoinOp::Start(EngineContext& ctx) {
     return;
   }
   // Messages of the old session still in flight (headers to ranks that had withdrawn, DONEs nobody waited for)
-  // carry the old session id and are dropped when received (PReduceOp::ProgressHeaders).
+  // carry the old session id and are dropped when received (ControlPlane::Deliver).
   ++ctx.session;
   ctx.done.clear();
   ctx.withdrawn = false;
+  ctx.implicit_seq.clear();
+  ctx.control.NewSession(ctx);
   ctx.counters->session = static_cast<int64_t>(ctx.session);
   ctx.counters->withdrawn = false;
+  Finish(Status::OK());
+}
+
+void ExcludeOp::Start(EngineContext& ctx) {
+  ctx.control.Exclude(ctx, stream_, seqs_);
   Finish(Status::OK());
 }
 

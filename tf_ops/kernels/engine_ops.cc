@@ -38,6 +38,13 @@ REGISTER_OP("HetsyncEngineShutdown")
 REGISTER_OP("HetsyncWithdraw").SetIsStateful().SetShapeFn(shape_inference::NoOutputs);
 REGISTER_OP("HetsyncRejoin").SetIsStateful().SetShapeFn(shape_inference::NoOutputs);
 
+REGISTER_OP("HetsyncExclude")
+    .Input("stream: int64")
+    .Input("seqs: int64")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::NoOutputs)
+    .Doc("This rank is OUT of instances (stream, seq) for every seq in `seqs` (see control.h).");
+
 REGISTER_OP("HetsyncEngineStats")
     .Output("stats: int64")
     .SetIsStateful()
@@ -100,6 +107,22 @@ class SerialControlKernel : public AsyncOpKernel {
   }
 };
 
+class ExcludeKernel : public AsyncOpKernel {
+ public:
+  using AsyncOpKernel::AsyncOpKernel;
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    const uint64_t stream = static_cast<uint64_t>(ctx->input(0).scalar<int64_t>()());
+    auto flat = ctx->input(1).flat<int64_t>();
+    std::vector<int64_t> seqs(flat.data(), flat.data() + flat.size());
+    auto op = std::make_shared<ExcludeOp>(stream, std::move(seqs), [ctx, done](const Status& s) {
+      if (!s.ok) ctx->SetStatus(ToTf(s));
+      done();
+    });
+    Status s = Engine::Get().Enqueue(op);
+    OP_REQUIRES_ASYNC(ctx, s.ok, ToTf(s), done);
+  }
+};
+
 class EngineStatsKernel : public OpKernel {
  public:
   using OpKernel::OpKernel;
@@ -131,6 +154,7 @@ REGISTER_KERNEL_BUILDER(Name("HetsyncEngineStart").Device(DEVICE_CPU), EngineSta
 REGISTER_KERNEL_BUILDER(Name("HetsyncEngineShutdown").Device(DEVICE_CPU), EngineShutdownKernel);
 REGISTER_KERNEL_BUILDER(Name("HetsyncWithdraw").Device(DEVICE_CPU), SerialControlKernel<WithdrawOp>);
 REGISTER_KERNEL_BUILDER(Name("HetsyncRejoin").Device(DEVICE_CPU), SerialControlKernel<RejoinOp>);
+REGISTER_KERNEL_BUILDER(Name("HetsyncExclude").Device(DEVICE_CPU), ExcludeKernel);
 REGISTER_KERNEL_BUILDER(Name("HetsyncEngineStats").Device(DEVICE_CPU), EngineStatsKernel);
 REGISTER_KERNEL_BUILDER(Name("HetsyncEngineInfo").Device(DEVICE_CPU), EngineInfoKernel);
 
