@@ -36,13 +36,15 @@ def _check_horovod(hvd):
             "HOROVOD_MPI_THREADS_DISABLE=1 does not provide it")
 
 
-def init(timeout=None, comm_cache_size=None):
+def init(timeout=None, comm_cache_size=None, away_after=None):
     """Starts hetsync after ``hvd.init()``.
 
     Args:
       timeout: seconds any blocking hetsync wait may last before it fails with an error naming the ranks it waited
         for (default: env ``HETSYNC_TIMEOUT`` or 120).
       comm_cache_size: communicator cache bound (Ripples §6.1); default env ``HETSYNC_COMM_CACHE_SIZE`` or 64.
+      away_after: seconds a rank may stay between two train steps (in callbacks) before its peers stop waiting for
+        it and go on without it (default env ``HETSYNC_AWAY_AFTER`` or 0.2; docs/engine.md "Availability").
     """
     if _STATE["initialized"]:
         return
@@ -56,6 +58,9 @@ def init(timeout=None, comm_cache_size=None):
         comm_cache_size = int(os.environ.get("HETSYNC_COMM_CACHE_SIZE", 64))
     from hetsync import ops
 
+    if away_after is None:
+        away_after = float(os.environ.get("HETSYNC_AWAY_AFTER", ops.DEFAULT_AWAY_AFTER_S))
+    ops.set_away_after(away_after)
     ops.engine_start(timeout=timeout, cache_size=comm_cache_size)
     info = ops.engine_info()
     if info["rank"] != hvd.rank() or info["size"] != hvd.size():
@@ -66,6 +71,9 @@ def init(timeout=None, comm_cache_size=None):
     from hetsync.coordinator.services import JobServices
 
     _STATE["services"] = JobServices(hvd, timeout)
+    from hetsync import fit_hook
+
+    fit_hook.install()
     atexit.register(shutdown)
 
 

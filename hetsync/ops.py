@@ -34,6 +34,7 @@ _clib = ctypes.CDLL(_LIB_PATH)
 _clib.hetsync_set_availability.argtypes = [ctypes.c_int]
 _clib.hetsync_get_availability.restype = ctypes.c_int
 _clib.hetsync_set_away_after.argtypes = [ctypes.c_double]
+_clib.hetsync_engine_away.restype = ctypes.c_int
 
 # Order of the HetsyncEngineStats vector (tf_ops/engine/engine.cc, kStatNames).
 STAT_NAMES = ("preduces", "bytes", "cache_hits", "cache_misses", "cache_size", "uncached_creations",
@@ -97,6 +98,11 @@ def set_availability(state):
 
 def availability():
     return int(_clib.hetsync_get_availability())
+
+
+def engine_away():
+    """True while the engine counts this rank as away (it answers EXCLUDE to instances it has not started)."""
+    return bool(_clib.hetsync_engine_away())
 
 
 def set_away_after(seconds):

@@ -14,6 +14,9 @@ def DistributedOptimizer(optimizer, sync="allreduce", **options):  # noqa: N802 
     Returns:
       A Keras optimizer to pass to ``model.compile``; its ``_hetsync_algorithm`` is the SyncAlgorithm in use.
     """
+    from hetsync import fit_hook
+
+    fit_hook.install()  # epoch-end sync points and finished ranks, for every mode (hetsync/fit_hook.py)
     algorithm = algorithms.create(sync, **options)
     wrapped = algorithm.wrap(optimizer)
     if getattr(wrapped, "_hetsync_algorithm", None) is None:

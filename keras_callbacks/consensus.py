@@ -1,57 +1,36 @@
-"""Keras face of hetsync.consensus: average all workers' parameters before evaluation and at the end of training."""
-import tensorflow as tf
+"""``keras_callbacks.Consensus``: how often decentralized training averages its workers' models.
 
-from hetsync.consensus import consensus, finish
+Optional.  Without it, hetsync already ends every epoch and every ``fit`` with one model on every rank: the sync
+points of hetsync/fit_hook.py run for every model compiled with a ``hetsync.DistributedOptimizer``.  This callback
+only changes their schedule; it does no collective of its own (two callbacks issuing global rounds would pair
+with the wrong rounds on other ranks).
+"""
+import tensorflow as tf
 
 
 class Consensus(tf.keras.callbacks.Callback):
-    """Averages every worker's model with Horovod so decentralized training evaluates and ends with one model.
+    """Schedule of the consensus rounds (Horovod averages of all workers' models).
 
     Args:
-      every: ``"epoch"`` (default: once per epoch, before the epoch's validation when there is one, else at its
-        end), an int N (every N training batches), or None (only at the end of training).
-      at_end: at the end of ``fit`` join rounds until every worker has finished (default True).  Workers whose
-        ``fit`` ends early (fewer steps, early stopping, a time budget) keep taking part in the others' rounds, so
-        nobody waits on them and every rank ends with the same model.
-
-    Put it after callbacks that may stop training (EarlyStopping) and before checkpointing callbacks in the list.
+      every: ``"epoch"`` (default: at each epoch end, before the epoch's validation when there is one), an int N
+        (also every N training batches), or None (no epoch-end average: only at the end of ``fit``).  With None,
+        epoch ends are still a global sync point (hvd.join), so rank 0's checkpoints hold rank 0's own model.
+      at_end: average when ``fit`` ends (default True).  False leaves each rank with its own model -- useful only
+        to inspect the workers' divergence.  Ranks whose ``fit`` ends early keep taking part in the others' sync
+        points either way, so nobody waits on them.
     """
 
     def __init__(self, every="epoch", at_end=True):
         super().__init__()
-        if not (every in ("epoch", None) or (isinstance(every, int) and every > 0)):
+        if not (every in ("epoch", None) or (isinstance(every, int) and not isinstance(every, bool) and every > 0)):
             raise ValueError(f"every must be 'epoch', a positive int (batches) or None, got {every!r}")
+        if not isinstance(at_end, bool):
+            raise ValueError(f"at_end must be True or False, got {at_end!r}")
         self.every, self.at_end = every, at_end
-        self._in_fit = False
-        self._done_this_epoch = False
-        self.rounds = 0
 
-    def _round(self):
-        consensus(self.model)
-        self.rounds += 1
+    @property
+    def rounds(self):
+        """Sync points the last ``fit`` ran (read from hetsync's internal callback)."""
+        from hetsync.fit_hook import last_rounds
 
-    def on_train_begin(self, logs=None):
-        self._in_fit = True
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._done_this_epoch = False
-
-    def on_test_begin(self, logs=None):
-        # Validation inside fit: evaluate the consensus model, not this worker's local one.
-        if self._in_fit and self.every == "epoch" and not self._done_this_epoch:
-            self._round()
-            self._done_this_epoch = True
-
-    def on_train_batch_end(self, batch, logs=None):
-        if isinstance(self.every, int) and (batch + 1) % self.every == 0:
-            self._round()
-
-    def on_epoch_end(self, epoch, logs=None):
-        if self.every == "epoch" and not self._done_this_epoch:
-            self._round()
-            self._done_this_epoch = True
-
-    def on_train_end(self, logs=None):
-        self._in_fit = False
-        if self.at_end:
-            self.rounds += finish(self.model)
+        return last_rounds()

@@ -3,7 +3,47 @@
 Like Horovod's DistributedOptimizer, the wrapper is a dynamic subclass of the user's optimizer class built from its
 config, so it keeps the class name, hyper-parameters, learning-rate schedule and slots.  It works for the Keras 2.15
 optimizers and the legacy ones, eagerly and inside Keras' compiled train step.
+
+It applies Horovod's optimizer keyword arguments that the algorithm resolved (base.SyncAlgorithm):
+``sparse_as_dense``, ``backward_passes_per_step`` with ``average_aggregated_gradients`` (local gradient
+accumulation), and ``name`` (the name scope of the ops it adds).
 """
+import tensorflow as tf
+
+
+class _Accumulation:
+    """Gradient accumulators and the pass counter of one wrapped optimizer.
+
+    A plain object (not a Trackable), so the accumulators stay out of the optimizer's checkpoints and its
+    ``variables``, as Horovod's LocalGradientAggregationHelper keeps them.
+    """
+
+    def __init__(self):
+        self.counter = None  # passes accumulated since the last update (int64 tf.Variable)
+        self.sums = {}  # model variable ref -> tf.Variable holding the sum of its gradients
+
+    def ensure(self, optimizer, pairs):
+        """Creates what is missing, lifted out of any tf.function (so only on its first trace)."""
+        with tf.init_scope():
+            if self.counter is None:
+                self.counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetsync_backward_passes")
+            for grad, var in pairs:
+                if var.ref() not in self.sums:
+                    self.sums[var.ref()] = tf.Variable(tf.zeros(var.shape, dtype=grad.dtype), trainable=False,
+                                                       name="hetsync_accumulated_gradient")
+            _ = optimizer.iterations  # legacy optimizers create it lazily: not inside a cond branch
+            # Build the slots here too, as the first update would, so their names do not carry the cond's scope.
+            variables = [v for _, v in pairs]
+            if hasattr(optimizer, "_create_all_weights"):  # legacy (OptimizerV2)
+                with tf.name_scope(optimizer._name):
+                    optimizer._create_all_weights(variables)
+            elif hasattr(optimizer, "build"):
+                with tf.name_scope(optimizer.name or "optimizer"):
+                    optimizer.build(variables)
+
+
+def _densify(grads_and_vars):
+    return [(tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g, v) for g, v in grads_and_vars]
 
 
 def wrap_post_update(optimizer, algorithm):
@@ -11,19 +51,72 @@ def wrap_post_update(optimizer, algorithm):
 
     ``after_update`` runs after the local update and after ``iterations`` was incremented, so iteration k's sync
     sees ``iterations == k + 1`` on every worker.
+
+    With ``algorithm.backward_passes_per_step == N > 1``, each call adds its gradients to local accumulators; every
+    N-th call applies the accumulated gradients (their sum, or their mean with
+    ``algorithm.average_aggregated_gradients``) in ONE local update, increments ``iterations`` once and calls
+    ``after_update`` once.  The other calls change no model variable, do not sync and leave ``iterations``
+    unchanged, so ``iterations`` counts updates (the step a schedule or the Group Generator sees).  Sparse
+    (IndexedSlices) gradients are accumulated into dense sums, so their update is dense.
+
+    ``algorithm`` may be any object with ``after_update``; the Horovod settings above default to Horovod's defaults
+    when it lacks them (``sparse_as_dense``, ``scope_name``).
     """
     base = optimizer.__class__
     if getattr(optimizer, "_hetsync_algorithm", None) is not None:
         raise ValueError("this optimizer is already a hetsync.DistributedOptimizer; wrap the plain one")
+    passes = int(getattr(algorithm, "backward_passes_per_step", 1) or 1)
+    average = bool(getattr(algorithm, "average_aggregated_gradients", False))
+    sparse_as_dense = bool(getattr(algorithm, "sparse_as_dense", False))
+    scope = getattr(algorithm, "scope_name", None) or f"Distributed{base.__name__}"
+
+    def _sync(self, variables):
+        with tf.name_scope(scope):
+            self._hetsync_algorithm.after_update(variables, self.iterations)
 
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         grads_and_vars = list(grads_and_vars)
-        result = base.apply_gradients(self, grads_and_vars, *args, **kwargs)
-        variables = [v for g, v in grads_and_vars if g is not None]
-        self._hetsync_algorithm.after_update(variables, self.iterations)
-        return result
+        if sparse_as_dense:
+            grads_and_vars = _densify(grads_and_vars)
+        if passes == 1:
+            result = base.apply_gradients(self, grads_and_vars, *args, **kwargs)
+            _sync(self, [v for g, v in grads_and_vars if g is not None])
+            return result
+        return _accumulate_or_apply(self, grads_and_vars, args, kwargs)
+
+    def _accumulate_or_apply(self, grads_and_vars, args, kwargs):
+        pairs = [(g, v) for g, v in grads_and_vars if g is not None]
+        variables = [v for _, v in pairs]
+        state = self._hetsync_accumulation
+        state.ensure(self, pairs)
+        sums = [state.sums[v.ref()] for v in variables]
+        with tf.name_scope(scope):
+            with tf.name_scope("accumulate"):
+                for total, (grad, _) in zip(sums, pairs):
+                    if isinstance(grad, tf.IndexedSlices):
+                        total.scatter_add(grad)
+                    else:
+                        total.assign_add(grad)
+                ready = tf.greater_equal(state.counter.assign_add(1), passes)
+
+        def update():
+            grads = [t.read_value() for t in sums]
+            if average:
+                grads = [g / tf.cast(passes, g.dtype) for g in grads]
+            base.apply_gradients(self, list(zip(grads, variables)), *args, **kwargs)
+            _sync(self, variables)
+            with tf.name_scope(scope):
+                for total in sums:
+                    total.assign(tf.zeros_like(total))
+                state.counter.assign(0)
+            return tf.constant(True)
+
+        applied = tf.cond(ready, update, lambda: tf.constant(False))
+        with tf.control_dependencies([applied]):
+            return tf.identity(self.iterations)
 
     cls = type(base.__name__, (base,), {"apply_gradients": apply_gradients, "__module__": base.__module__})
     wrapped = cls.from_config(optimizer.get_config())
+    wrapped._hetsync_accumulation = _Accumulation()
     wrapped._hetsync_algorithm = algorithm
     return wrapped

@@ -3,6 +3,7 @@
 ``DistributedOptimizer`` only looks a name up in the registry and asks the algorithm to wrap the user's optimizer;
 everything method-specific lives in the algorithm's module.
 """
+from hetsync.algorithms import horovod_kwargs
 
 
 class SyncAlgorithm:
@@ -12,18 +13,55 @@ class SyncAlgorithm:
     ``wrap(optimizer)``.  Decentralized methods (workers hold different parameters between synchronizations) use
     the ``on_consensus_*`` hooks (see decentralized.py) to withdraw the worker from hetsync's collectives while the
     job averages parameters with Horovod, so nobody waits on a worker that is busy elsewhere.
+
+    Every mode also accepts all keyword arguments of ``horovod.tensorflow.keras.DistributedOptimizer``
+    (horovod_kwargs.NAMES): the constructor splits ``**options`` into the mode's own ``OPTIONS`` (``self.options``)
+    and Horovod's (``self.horovod_kwargs``, as passed).  Unless ``HOROVOD_PASSTHROUGH`` (the mode hands them to
+    Horovod itself, like ``allreduce``), they are validated and resolved here for a parameter-averaging mode:
+
+    - ``self.compression``: ``hvd.Compression.none`` or ``hvd.Compression.fp16`` (what the sync sends);
+    - ``self.backward_passes_per_step``, ``self.average_aggregated_gradients``, ``self.sparse_as_dense``,
+      ``self.scope_name`` (Horovod's ``name``): applied by ``_wrap.wrap_post_update``;
+    - ``process_set``: only the global one (else ValueError);
+    - the rest (``op``, ``device_dense``, ...): accepted with one warning on rank 0 when not at Horovod's default
+      (``self.ignored_horovod_kwargs`` says why).
+
+    ``HOROVOD_APPLIED`` lists the kwargs the mode applies (default: those ``wrap_post_update`` applies); a mode whose
+    ``wrap`` does not go through ``wrap_post_update`` applies them itself or narrows ``HOROVOD_APPLIED``.
     """
 
     name = None
     OPTIONS = {}
+    HOROVOD_APPLIED = horovod_kwargs.APPLIED_BY_WRAPPER
+    HOROVOD_PASSTHROUGH = False
 
     def __init__(self, **options):
-        unknown = sorted(set(options) - set(self.OPTIONS))
+        clash = sorted(set(self.OPTIONS) & set(horovod_kwargs.NAMES))
+        if clash:
+            raise TypeError(f"{type(self).__name__}.OPTIONS redefines Horovod keyword argument(s) {clash}")
+        unknown = sorted(set(options) - set(self.OPTIONS) - set(horovod_kwargs.NAMES))
         if unknown:
             valid = ", ".join(sorted(self.OPTIONS)) or "(none)"
-            raise ValueError(f"unknown option(s) {unknown} for sync={self.name!r}; valid options: {valid}")
-        self.options = {**self.OPTIONS, **options}
+            raise ValueError(
+                f"unknown option(s) {unknown} for sync={self.name!r}; valid options: {valid}; and Horovod "
+                f"DistributedOptimizer keyword arguments (accepted by every mode): "
+                f"{', '.join(sorted(horovod_kwargs.NAMES))}")
+        self.options = {**self.OPTIONS, **{k: v for k, v in options.items() if k in self.OPTIONS}}
+        self.horovod_kwargs = {k: v for k, v in options.items() if k in horovod_kwargs.NAMES}
+        if self.HOROVOD_PASSTHROUGH:
+            resolved = None
+            self.compression = self.horovod_kwargs.get("compression", horovod_kwargs._compression().none)
+            self.ignored_horovod_kwargs = {}
+        else:
+            resolved = horovod_kwargs.resolve(self.name, self.horovod_kwargs, self.HOROVOD_APPLIED)
+            self.compression = resolved.compression
+            self.ignored_horovod_kwargs = resolved.ignored
+        self.backward_passes_per_step = resolved.backward_passes_per_step if resolved else 1
+        self.average_aggregated_gradients = resolved.average_aggregated_gradients if resolved else False
+        self.sparse_as_dense = resolved.sparse_as_dense if resolved else False
+        self.scope_name = resolved.scope_name if resolved else None
         self.validate()
+        horovod_kwargs.warn_ignored(self.name, self.ignored_horovod_kwargs)
 
     def validate(self):
         """Checks option values; raise ValueError naming the option and what is allowed."""
@@ -43,4 +81,5 @@ class SyncAlgorithm:
         return {}
 
     def __repr__(self):
-        return f"{type(self).__name__}({self.options})"
+        extra = f", horovod={self.horovod_kwargs}" if self.horovod_kwargs else ""
+        return f"{type(self).__name__}({self.options}{extra})"

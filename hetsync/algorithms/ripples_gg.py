@@ -13,13 +13,24 @@ layout; default the real hosts), slowdown filter with ``c_thres``.  See docs/gro
 
 Consensus rounds: before a round the worker tells the GG it stops (running the groups it still owes), after it
 the GG is installed afresh, so no group formed before the round outlives it (hetsync/coordinator/services.py).
+
+Away workers (README "Guarantees"): a P-Reduce is the engine instance (GG_STREAM, group id).  When the engine
+counts this worker as away (it left its train step longer than ``away_after`` ago, e.g. blocked in a user's Horovod
+collective), a watcher thread tells the GG (``Away``): the GG stops drafting it and excuses it from the groups it
+has not received, and the engine is told to answer EXCLUDE for those group ids.  Its next request brings it back.
 """
+import sys
+import threading
+
 import numpy as np
 import tensorflow as tf
 
 from hetsync.algorithms import register
 from hetsync.algorithms._wrap import wrap_post_update
 from hetsync.algorithms.decentralized import DecentralizedAlgorithm
+
+GG_STREAM = 2  # engine instance stream: (GG_STREAM, group id) names the same P-Reduce on every member
+_WATCH_PERIOD_S = 0.02
 
 
 class GroupGeneratorAlgorithm(DecentralizedAlgorithm):
@@ -43,11 +54,43 @@ class GroupGeneratorAlgorithm(DecentralizedAlgorithm):
         gen_options = {k: self.options[k] for k in self.GG_OPTIONS}
         if gen_options.get("ack_timeout") is None:
             gen_options["ack_timeout"] = _runtime.timeout()
-        self.services.configure(self.GG_MODE, gen_options)
+        wire = "fp16" if "fp16" in getattr(self.compression, "__name__", "").lower() else "none"
+        self.services.configure(self.GG_MODE, gen_options, worker_options={"compression": wire})
         self.client = self.services.client()
         self.services.owed_p_reduce = self._p_reduce_group
         self._variables = None
+        self._start_watcher()
         return wrap_post_update(optimizer, self)
+
+    # -- away watcher -------------------------------------------------------------------------------------------
+    def _start_watcher(self):
+        self._paused = threading.Event()  # set during consensus rounds: the worker left the GG on purpose
+        self._stop = threading.Event()
+        self.away_reports = 0
+        thread = threading.Thread(target=self._watch, name="hetsync-gg-away", daemon=True)
+        thread.start()
+
+    def _watch(self):
+        """Tells the GG when the engine counts this worker as away (see the module docstring)."""
+        from hetsync import ops
+
+        reported = False
+        while not self._stop.wait(_WATCH_PERIOD_S):
+            try:
+                away = ops.engine_away()
+                if not away or self._paused.is_set():
+                    reported = reported and away
+                    continue
+                if reported:
+                    continue
+                excused = self.client.away()
+                ops.exclude(GG_STREAM, [g.group_id for g in excused])
+                self.away_reports += 1
+                reported = True
+            except Exception as exc:  # the job may be ending (GG stopped): report once, stop watching
+                if not self._stop.is_set():
+                    print(f"hetsync: rank {self.services.rank}: away watcher stopped: {exc}", file=sys.stderr)
+                return
 
     # -- inside the training step -------------------------------------------------------------------------------
     def _request(self, iterations):
@@ -69,8 +112,11 @@ class GroupGeneratorAlgorithm(DecentralizedAlgorithm):
         self._variables = variables
         group_id, members = tf.py_function(self._request, [iterations], [tf.int64, tf.int32], name="gg_request")
         members.set_shape([None])
+        # Singletons (no sync) use the engine's implicit key: group id 0 is not an instance.
+        instance = tf.where(tf.size(members) > 1, tf.stack([tf.constant(GG_STREAM, tf.int64), group_id]),
+                            tf.zeros([2], tf.int64))
         averaged = ops.p_reduce([tf.convert_to_tensor(v) for v in variables], members,
-                                timeout=self.options["timeout"])
+                                timeout=self.options["timeout"], instance=instance, compression=self.compression)
         with tf.control_dependencies(averaged):
             acked = tf.py_function(self._ack, [group_id, members], tf.int32, name="gg_ack")
         with tf.control_dependencies([acked]):
@@ -85,7 +131,8 @@ class GroupGeneratorAlgorithm(DecentralizedAlgorithm):
         if self._variables is None:
             raise RuntimeError(f"rank owes group {list(group.members)} but has not trained a step yet")
         averaged = ops.p_reduce([tf.convert_to_tensor(v) for v in self._variables], list(group.members),
-                                timeout=self.options["timeout"])
+                                timeout=self.options["timeout"], instance=(GG_STREAM, group.group_id),
+                                compression=self.compression)
         for var, value in zip(self._variables, averaged):
             var.assign(value)
 
@@ -93,6 +140,7 @@ class GroupGeneratorAlgorithm(DecentralizedAlgorithm):
         self.client.finish_and_drain(self._p_reduce_group)
 
     def on_consensus_begin(self):
+        self._paused.set()
         self._leave_gg()
         super().on_consensus_begin()
 
@@ -104,10 +152,13 @@ class GroupGeneratorAlgorithm(DecentralizedAlgorithm):
         if finished:
             self._leave_gg()
             ops.withdraw()
+        else:
+            self._paused.clear()
 
     def metrics(self):
         """GG counters (rank 0 sums them over the job) and this worker's request/ack latency."""
         out = {f"gg_{k}": v for k, v in self.services.gg_totals().items()}
+        out["gg_away_reports"] = self.away_reports
         for kind, stats in self.client.latency_stats().items():
             if kind in ("request", "request_overhead"):
                 out[f"gg_{kind}_p50_ms"] = round(1e3 * stats["p50"], 3)

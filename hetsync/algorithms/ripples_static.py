@@ -18,6 +18,8 @@ from hetsync.algorithms._wrap import wrap_post_update
 from hetsync.algorithms.decentralized import DecentralizedAlgorithm
 from hetsync.algorithms.schedule import PERIOD, Layout, period_groups
 
+STATIC_STREAM = 1  # engine instance stream: (STATIC_STREAM, iteration) names the same P-Reduce on every member
+
 
 def default_node_size(hvd):
     """Horovod's local_size when it describes a block layout the schedule can use; ValueError otherwise."""
@@ -68,7 +70,8 @@ class RipplesStatic(DecentralizedAlgorithm):
     def after_update(self, variables, iterations):
         from hetsync import ops
 
+        instance = tf.stack([tf.constant(STATIC_STREAM, tf.int64), tf.cast(iterations, tf.int64)])
         averaged = ops.p_reduce([tf.convert_to_tensor(v) for v in variables], self.group_for(iterations),
-                                timeout=self.options["timeout"])
+                                timeout=self.options["timeout"], instance=instance, compression=self.compression)
         for var, value in zip(variables, averaged):
             var.assign(value)

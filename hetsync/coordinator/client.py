@@ -12,6 +12,10 @@ After the last step::
     for g in client.finish():                    # groups already started by other members
         p_reduce(g.members); client.ack(g)
 
+When the worker leaves its training step for something that may block (a global collective, validation), its
+runtime calls ``client.away()`` and registers the returned groups with the engine as excluded; the next
+``request_group`` brings the worker back.
+
 :meth:`GroupGeneratorClient.sync_step` and :meth:`GroupGeneratorClient.finish_and_drain` do exactly this.  The
 client measures its own RPC latencies (:meth:`GroupGeneratorClient.latency_stats`).
 """
@@ -144,7 +148,9 @@ class GroupGeneratorClient:
         self._stub = pb2_grpc.GroupGeneratorStub(self._channel)
         self._last_group_id = 0
         self._held: Optional[Group] = None
-        self._lat: dict[str, list[float]] = {"request": [], "request_overhead": [], "ack": [], "finish": []}
+        self._lat: dict[str, list[float]] = {
+            "request": [], "request_overhead": [], "ack": [], "finish": [], "away": []
+        }
         self._lat_lock = threading.Lock()
         if connect_timeout is not None:
             try:
@@ -223,6 +229,24 @@ class GroupGeneratorClient:
             self._last_group_id = groups[-1].group_id
         return groups
 
+    def away(self) -> list[Group]:
+        """Tell the GG this worker left its training step, so that nobody waits for it (may be called from a
+        background thread while the worker is elsewhere; never blocks on other workers).
+
+        Returns the groups containing this worker that it had not received yet: they now count as acked by it
+        and it will never receive them; register their ids with the engine as excluded (their members, who may
+        still receive them, see the unchanged member list).  Until the next :meth:`request_group` the worker is
+        put into no new group.  Idempotent: ``[]`` while already away.  Do not call it while a
+        :meth:`request_group` of this worker is in flight: that request would be abandoned.
+        """
+        t0 = time.perf_counter()
+        try:
+            reply = self._stub.Away(pb2.AwayRequest(secret=self._secret, worker=self.worker), timeout=self.rpc_timeout)
+        except grpc.RpcError as err:
+            raise _translate(err, self.worker) from None
+        self._record("away", time.perf_counter() - t0)
+        return [_to_group(g) for g in reply.excluded]
+
     def metrics(self) -> dict:
         """Server-side counters (same keys as the state machine's ``metrics()``)."""
         try:
@@ -239,6 +263,7 @@ class GroupGeneratorClient:
             "singletons": m.singletons,
             "conflicts": m.conflicts,
             "global_divisions": m.global_divisions,
+            "away_events": m.away_events,
             "pending_groups": m.pending_groups,
             "active_groups": m.active_groups,
             "requests": [w.requests for w in ws],
@@ -290,7 +315,7 @@ class GroupGeneratorClient:
     def latency_stats(self) -> dict:
         """``{kind: {"n", "p50", "p99", "mean", "max"}}`` in seconds for kinds ``request`` (wall time of
         RequestGroup, waiting included), ``request_overhead`` (wall time minus the time the server held the call
-        waiting for the group: the pure RPC + decision cost), ``ack`` and ``finish``."""
+        waiting for the group: the pure RPC + decision cost), ``ack``, ``finish`` and ``away``."""
         out = {}
         with self._lat_lock:
             items = {k: sorted(v) for k, v in self._lat.items()}

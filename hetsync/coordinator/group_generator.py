@@ -40,7 +40,18 @@ API (``now`` is the caller's clock, seconds, monotonic; ``None`` uses the inject
 --------------------------------------------------------------------------------------------------
 ``request(worker, now, iteration) -> Group | None`` (``None``: wait, then ``poll``), ``poll(worker, now) -> Group |
 None``, ``ack(worker, group_id, now) -> bool``, ``finish(worker, now) -> list[Group]`` (obligations),
-``expire(now) -> list[int]``, ``next_deadline()``, ``wait_info(worker)``, ``metrics()``, ``check_invariants()``.
+``away(worker, now) -> list[Group]`` (excluded groups), ``back(worker, now)``, ``expire(now) -> list[int]``,
+``next_deadline()``, ``wait_info(worker)``, ``metrics()``, ``check_invariants()``.
+
+Away workers
+------------
+The rule of the data plane is that no rank waits on a rank that is not coming.  A worker that leaves its training
+step for something that may block (a user's global collective in a callback, validation, the end of its ``fit``)
+tells the GG it is *away*.  Every group it has not received yet is then *excused* for it: counted as acknowledged
+by it, never locking it, never handed to it (its engine answers the other members' P-Reduce headers of these
+groups with EXCLUDE, so they go on without it).  While away it is drafted into no new group.  Its next request
+brings it back.  Without this, a group formed among away workers could lock a worker that another worker's pending
+group needs, and that worker's request would block in the GG while the away workers wait for it elsewhere.
 """
 
 from __future__ import annotations
@@ -161,7 +172,16 @@ class _G:
     first_handout: Optional[float] = None
     received: dict = field(default_factory=dict)  # worker -> (time, members tuple as handed)
     acked: set = field(default_factory=set)
+    excused: set = field(default_factory=set)  # members that went away before receiving it: count as acked
     culprits: tuple = ()
+
+    def participants(self) -> list[int]:
+        """The members that take part: all but the excused ones (they are not locked and not waited for)."""
+        return [m for m in self.members if m not in self.excused]
+
+    def done(self) -> bool:
+        """Every member acked it or is excused from it."""
+        return len(self.acked) + len(self.excused) >= len(self.members)
 
     def public(self) -> Group:
         return Group(self.gid, tuple(self.members), self.phase)
@@ -202,6 +222,7 @@ class _BaseGroupGenerator:
         self._holding: list[Optional[int]] = [None] * self.size  # group received, not yet acked
         self._waiting: list[Optional[float]] = [None] * self.size  # outstanding request since
         self._departed: list[Optional[str]] = [None] * self.size  # None, "finished" or "evicted"
+        self._away: list[bool] = [False] * self.size  # left its training step (see away()); live workers only
         self._evicted_by: dict[int, int] = {}
         self._notices: list[deque] = [deque() for _ in range(self.size)]
         self._recent: "OrderedDict[int, _G]" = OrderedDict()
@@ -218,6 +239,7 @@ class _BaseGroupGenerator:
         self._singletons = 0
         self._conflicts = 0
         self._divisions = 0
+        self._away_events = 0
 
     # ------------------------------------------------------------------ public API
     def request(
@@ -245,6 +267,7 @@ class _BaseGroupGenerator:
         w = self._check_worker(worker)
         self._expire(now)
         self._check_live(w)
+        self._set_back(w)  # a request means the worker is in its training step again
         if self._notices[w]:
             raise self._notices[w].popleft()
         if self._holding[w] is not None:
@@ -279,6 +302,8 @@ class _BaseGroupGenerator:
         self._expire(now)
         self._check_live(w)
         if self._waiting[w] is None:
+            if self._away[w]:
+                raise ProtocolViolation(f"worker {w} went away while waiting: its request was abandoned; request again")
             raise ProtocolViolation(f"worker {w} has no outstanding request to poll")
         return self._handout(w, now)
 
@@ -305,6 +330,8 @@ class _BaseGroupGenerator:
             raise InvalidArgument(f"unknown group id {gid}")
         if w not in g.members:
             raise InvalidArgument(f"worker {w} is not a member of group {gid} {g.members}")
+        if w in g.excused:  # it went away before receiving it: its ack was counted then
+            return False
         if w not in g.received:
             raise ProtocolViolation(f"worker {w} acked group {gid} before receiving it")
         if w in g.acked:
@@ -313,7 +340,7 @@ class _BaseGroupGenerator:
         self.version += 1
         if self._holding[w] == gid:
             self._holding[w] = None
-        if len(g.acked) == len(g.members):
+        if g.done():
             self._complete(g, now)
             return True
         return False
@@ -337,6 +364,7 @@ class _BaseGroupGenerator:
         if self._holding[w] is not None:
             self.ack(w, self._holding[w], now)
         self._waiting[w] = None
+        self._away[w] = False
         self._departed[w] = "finished"
         self.version += 1
         obligations: list[Group] = []
@@ -350,6 +378,52 @@ class _BaseGroupGenerator:
                 self._remove_member(g, w)
         self._promote(now)
         return obligations
+
+    def away(self, worker: int, now: Optional[float] = None) -> list[Group]:
+        """The worker left its training step for something that may block: nobody must wait for it.
+
+        Every group containing it that it has not received yet (pending or active, in its buffer) is *excused* for
+        it: counted as its ack, removed from its buffer, its lock on the worker released (a group whose last
+        missing ack this was completes; a pending group will not lock it when it becomes active).  The member
+        lists do not change: members that receive these groups later see the same list, and the away worker's
+        engine answers their P-Reduce headers with EXCLUDE.  Returns these groups, oldest first, for the caller
+        to register as excluded with its engine.  A group it already received (held, not yet acked) is left
+        alone: it will ack it.  An outstanding request is abandoned (its group is excused like the others).
+
+        Until its next :meth:`request` (or :meth:`back`), the worker is drafted into no new group.  Idempotent: a
+        second call while away returns ``[]``; so does a call for a finished or evicted worker.
+        """
+        now = self._now(now)
+        w = self._check_worker(worker)
+        self._expire(now)
+        if self._departed[w] is not None or self._away[w]:
+            return []
+        self._away[w] = True
+        self._away_events += 1
+        self._waiting[w] = None
+        self.version += 1
+        excused = [self._groups[gid] for gid in self._queue[w]]
+        self._queue[w] = []
+        for g in excused:
+            g.excused.add(w)
+            if self._lock[w] == g.gid:
+                self._lock[w] = None
+        for g in excused:
+            if g.gid in self._groups and g.done():
+                self._complete(g, now)
+        self._promote(now)
+        return [g.public() for g in excused]
+
+    def back(self, worker: int, now: Optional[float] = None) -> None:
+        """The worker is back in its training step and may be drafted again (a request implies it)."""
+        now = self._now(now)
+        w = self._check_worker(worker)
+        self._expire(now)
+        self._check_live(w)
+        self._set_back(w)
+
+    def is_away(self, worker: int) -> bool:
+        return self._away[self._check_worker(worker)]
 
     def expire(self, now: Optional[float] = None) -> list[int]:
         """Fail every group handed out more than ``ack_timeout`` ago and not fully acked; returns their ids.
@@ -387,9 +461,9 @@ class _BaseGroupGenerator:
             if cur.state == ACTIVE:
                 if cur is not g:
                     blocking.add(cur.gid)
-                    awaiting.update(m for m in cur.members if m not in cur.acked)
+                    awaiting.update(m for m in cur.participants() if m not in cur.acked)
                 continue
-            for m in cur.members:
+            for m in cur.participants():
                 lk = self._lock[m]
                 if lk is not None and lk != cur.gid:
                     if cur is g:
@@ -422,6 +496,7 @@ class _BaseGroupGenerator:
             "singletons": self._singletons,
             "conflicts": self._conflicts,
             "global_divisions": self._divisions,
+            "away_events": self._away_events,
             "pending_groups": len(self._pending),
             "active_groups": sum(1 for g in self._groups.values() if g.state == ACTIVE),
             "requests": list(self._counter),
@@ -430,11 +505,12 @@ class _BaseGroupGenerator:
             "pending_time_s": list(self._pending_time),
             "max_pending_s": list(self._max_pending),
             "last_iteration": list(self._last_iter),
-            "state": [d or "live" for d in self._departed],
+            "state": [d or ("away" if a else "live") for d, a in zip(self._departed, self._away)],
         }
 
     def worker_state(self, worker: int) -> str:
-        """``finished``, ``evicted``, ``holding``, ``waiting`` or ``idle``."""
+        """``finished``, ``evicted``, ``holding``, ``waiting`` or ``idle`` (an away worker is ``holding`` or
+        ``idle``: this is its position in the protocol; see :meth:`is_away`)."""
         w = self._check_worker(worker)
         if self._departed[w]:
             return self._departed[w]
@@ -457,6 +533,8 @@ class _BaseGroupGenerator:
         hand-out of a group is identical: same id, same sorted members), requester membership, FIFO order of the
         buffers, and the structural no-deadlock / no-starvation conditions (pending groups wait only for older
         groups, the pending queue is fully promoted, a locked worker's running group is the head of its buffer).
+        Away workers: nobody waits for them (they are locked by no group they have not received, their buffer is
+        empty, they do not wait), and a group every member acked or is excused from is not live any more.
         """
 
         def bad(msg: str) -> None:
@@ -481,17 +559,25 @@ class _BaseGroupGenerator:
                     bad(f"group {gid} handed to non-member {m}")
             if not g.acked <= set(g.received):
                 bad(f"group {gid} acked by workers that did not receive it")
+            if not g.excused <= set(g.members) or g.excused & set(g.received):
+                bad(f"group {gid} excuses {sorted(g.excused)}: not members, or members that received it")
+            if g.done():
+                bad(f"group {gid} acked or excused by every member but still {g.state}")
             if g.state == ACTIVE:
-                for m in g.members:
+                for m in g.participants():
                     if self._lock[m] != gid:
                         bad(f"atomicity: member {m} of active group {gid} locked by {self._lock[m]}")
                 if g.received:
-                    for m in g.members:
+                    for m in g.participants():
                         executing[m] += 1
             else:
                 if gid not in self._pending:
                     bad(f"pending group {gid} missing from the pending queue")
             for m in g.members:
+                if m in g.excused:
+                    if gid in self._queue[m] or self._lock[m] == gid:
+                        bad(f"worker {m} excused from group {gid} but still queued/locked by it")
+                    continue
                 if m not in g.received and gid not in self._queue[m]:
                     bad(f"group {gid} missing from the buffer of member {m}")
                 if self._departed[m] and m not in g.received:
@@ -523,6 +609,13 @@ class _BaseGroupGenerator:
                 bad(f"worker {w} waits with an empty buffer")
             if self._departed[w] and (q or self._waiting[w] is not None):
                 bad(f"departed worker {w} still queued/waiting")
+            if self._away[w]:
+                if self._departed[w]:
+                    bad(f"departed worker {w} marked away")
+                if q or self._waiting[w] is not None:
+                    bad(f"away worker {w} still queued/waiting: {q}")
+                if lk is not None and w not in self._groups[lk].received:
+                    bad(f"away worker {w} locked by group {lk} it has not received")
         if self._pending != sorted(self._pending):
             bad("pending queue out of order")
         blocked: set[int] = set()
@@ -530,13 +623,14 @@ class _BaseGroupGenerator:
             g = self._groups.get(gid)
             if g is None or g.state != PENDING:
                 bad(f"pending queue holds non-pending group {gid}")
-            if not any(self._lock[m] is not None or m in blocked for m in g.members):
+            taking_part = g.participants()
+            if not any(self._lock[m] is not None or m in blocked for m in taking_part):
                 bad(f"liveness: pending group {gid} could run but was not promoted")
-            for m in g.members:  # no deadlock: a pending group only waits for older groups
+            for m in taking_part:  # no deadlock: a pending group only waits for older groups
                 lk = self._lock[m]
                 if lk is not None and lk > gid:
                     bad(f"deadlock risk: pending group {gid} waits for younger group {lk}")
-            blocked.update(g.members)
+            blocked.update(taking_part)
 
     # ------------------------------------------------------------------ internals
     def _generate(self, requester: int, now: float) -> None:  # pragma: no cover - abstract
@@ -575,10 +669,20 @@ class _BaseGroupGenerator:
     def _live_workers(self) -> list[int]:
         return [u for u in range(self.size) if self._departed[u] is None]
 
+    def _draftable(self) -> list[int]:
+        """Workers that may be put into a new group: live and not away (nobody must wait for an away worker)."""
+        return [u for u in range(self.size) if self._departed[u] is None and not self._away[u]]
+
+    def _set_back(self, w: int) -> None:
+        if self._away[w]:
+            self._away[w] = False
+            self.version += 1
+
     def _is_idle(self, u: int) -> bool:
-        """Idle in the sense of §5.1's GD: live, empty Group Buffer, not in a running group."""
+        """Idle in the sense of §5.1's GD: live, not away, empty Group Buffer, not in a running group."""
         return (
             self._departed[u] is None
+            and not self._away[u]
             and not self._queue[u]
             and self._lock[u] is None
             and self._holding[u] is None
@@ -587,6 +691,7 @@ class _BaseGroupGenerator:
 
     def _new_group(self, members: Sequence[int], creator: Optional[int], phase: str, now: float) -> _G:
         members = sorted(set(int(m) for m in members))
+        assert not any(self._away[m] for m in members), f"away worker drafted into {members}"
         if len(members) == 1:
             phase = "solo"
         g = _G(self._next_gid, members, creator, phase, now)
@@ -606,14 +711,15 @@ class _BaseGroupGenerator:
         blocked: set[int] = set()
         for gid in self._pending:
             g = self._groups[gid]
-            if any(self._lock[m] is not None or m in blocked for m in g.members):
+            taking_part = g.participants()  # excused (away) members are neither waited for nor locked
+            if any(self._lock[m] is not None or m in blocked for m in taking_part):
                 still.append(gid)
-                blocked.update(g.members)
+                blocked.update(taking_part)
             else:
                 g.state = ACTIVE
                 g.activated_at = now
                 self.version += 1
-                for m in g.members:
+                for m in taking_part:
                     self._lock[m] = gid
         self._pending = still
 
@@ -664,21 +770,31 @@ class _BaseGroupGenerator:
             self._recent.popitem(last=False)
 
     def _remove_member(self, g: _G, w: int) -> None:
-        """Remove ``w`` from a group nobody received yet; drop the group if it became useless."""
+        """Remove ``w`` from a group nobody received yet; drop the group if it became useless.
+
+        Useless means at most one member still taking part (excused members do not count).  If that member is
+        waiting for this very group, it gets a singleton instead (the excused members are removed from it too:
+        nobody received it, and a singleton needs no P-Reduce they would have to exclude themselves from).
+        """
         assert not g.received
         self.version += 1
         g.members.remove(w)
+        g.excused.discard(w)
         if g.gid in self._queue[w]:
             self._queue[w].remove(g.gid)
         if self._lock[w] == g.gid:
             self._lock[w] = None
-        if len(g.members) == 1:
-            m = g.members[0]
+        taking_part = g.participants()
+        if len(taking_part) == 1:
+            m = taking_part[0]
             if self._waiting[m] is not None and self._queue[m] and self._queue[m][0] == g.gid:
+                g.members = [m]
+                g.excused.clear()
+                g.creator = m  # the requester may have been an excused member
                 g.phase = "solo"  # the waiting requester gets a singleton: no synchronization this time
                 return
-        if len(g.members) <= 1:
-            for m in g.members:
+        if len(taking_part) <= 1:
+            for m in taking_part:
                 self._queue[m].remove(g.gid)
                 if self._lock[m] == g.gid:
                     self._lock[m] = None
@@ -701,8 +817,8 @@ class _BaseGroupGenerator:
         return failed
 
     def _fail(self, g: _G, now: float) -> None:
-        never = [m for m in g.members if m not in g.received]
-        culprits = never or [m for m in g.members if m not in g.acked]
+        never = [m for m in g.participants() if m not in g.received]
+        culprits = never or [m for m in g.participants() if m not in g.acked]
         g.state = FAILED
         g.culprits = tuple(culprits)
         self._groups_failed += 1
@@ -726,6 +842,7 @@ class _BaseGroupGenerator:
         self._departed[w] = "evicted"
         self._evicted_by[w] = gid
         self._waiting[w] = None
+        self._away[w] = False
         self._holding[w] = None
         for other in list(self._queue[w]):
             og = self._groups[other]
@@ -737,13 +854,14 @@ class _BaseGroupGenerator:
 # ------------------------------------------------------------------------------------------ random generator
 class RandomGroupGenerator(_BaseGroupGenerator):
     """§4.1 random GG: on a request of worker ``i`` with an empty buffer, a uniformly random group of
-    ``group_size`` live workers containing ``i`` (clipped to the live workers), whatever their state; groups that
+    ``group_size`` live workers containing ``i`` (clipped to the live workers), whatever their state, except away
+    workers (nobody must wait for them: fewer others give a smaller group, none a singleton); groups that
     conflict with locked workers wait in the FIFO pending group queue until the locks are released."""
 
     mode = "random"
 
     def _generate(self, requester: int, now: float) -> None:
-        others = [u for u in self._live_workers() if u != requester]
+        others = [u for u in self._draftable() if u != requester]
         k = min(self.group_size - 1, len(others))
         chosen = self._rng.sample(others, k) if k else []
         self._new_group([requester] + chosen, requester, "random", now)

@@ -176,6 +176,12 @@ class _Servicer(pb2_grpc.GroupGeneratorServicer):
         groups = self._run(context, lambda: o.generator.finish(request.worker, o.clock()))
         return pb2.FinishReply(obligations=[_group_pb(g) for g in groups])
 
+    def Away(self, request, context):
+        self._auth(request.secret, context)
+        o = self._o
+        groups = self._run(context, lambda: o.generator.away(request.worker, o.clock()))
+        return pb2.AwayReply(excluded=[_group_pb(g) for g in groups])
+
     def GetMetrics(self, request, context):
         self._auth(request.secret, context)
         m = self._run(context, self._o.generator.metrics)
@@ -210,6 +216,7 @@ def metrics_to_pb(m: dict):
         singletons=m["singletons"],
         conflicts=m["conflicts"],
         global_divisions=m["global_divisions"],
+        away_events=m["away_events"],
         pending_groups=m["pending_groups"],
         active_groups=m["active_groups"],
         workers=workers,

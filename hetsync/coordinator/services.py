@@ -59,12 +59,13 @@ class JobServices:
                                                 connect_timeout=self.timeout)
         return self._client
 
-    def configure(self, mode, options):
+    def configure(self, mode, options, worker_options=None):
         """Collective: every rank passes the same GG ``mode`` and ``options``; rank 0 installs that generator.
 
-        Ranks that disagree get a ValueError on every rank naming them (a silent mix would deadlock).
+        ``worker_options`` (e.g. the wire compression) are not the generator's but must agree too.  Ranks that
+        disagree get a ValueError on every rank naming them (a silent mix would deadlock or mismatch).
         """
-        mine = repr((mode, sorted(options.items())))
+        mine = repr((mode, sorted(options.items()), sorted((worker_options or {}).items())))
         everyone = self.hvd.allgather_object(mine, name="hetsync.gg.config")
         differ = [r for r, cfg in enumerate(everyone) if cfg != everyone[0]]
         if differ:
@@ -130,7 +131,8 @@ class JobServices:
         deadline = time.monotonic() + self.timeout
         while True:
             states = self.server.metrics()["state"]
-            left = [r for r, s in enumerate(states) if s == "live"]
+            # "away" workers (between steps, e.g. in a global collective) have not finished either
+            left = [r for r, s in enumerate(states) if s not in ("finished", "evicted")]
             if not left or time.monotonic() > deadline:
                 break
             time.sleep(0.05)

@@ -5,6 +5,12 @@ group, wait until the group is ready, run the P-Reduce, which (being a collectiv
 *last* member of the ``k``-member group arrived, ack, and repeat ``iterations[w]`` times; then ``finish`` and run
 the returned obligations.  Used by the tests (slowdown tolerance, starvation, connectivity) and handy for quick
 what-if studies of the generators.
+
+Away workers (``away=``): after an iteration a worker may leave its training step for a while, or for good (think
+of validation, or a global collective in a callback).  It tells the GG (``gen.away``, unless ``report_away`` is
+false) and its engine is OUT of every group it has not received: the collective of such a group ends when the
+other members arrived (the engine's EXCLUDE answers), as in hetsync's engine.  It comes back with its next
+request.
 """
 
 from __future__ import annotations
@@ -45,8 +51,16 @@ def simulate(
     check: bool = False,
     max_events: int = 10_000_000,
     on_event: Optional[Callable[[float], None]] = None,
+    away: Optional[Callable[[int, int], Optional[float]]] = None,
+    report_away: bool = True,
 ) -> SimResult:
-    """Run the simulation to completion; ``check=True`` calls ``gen.check_invariants()`` after every event."""
+    """Run the simulation to completion; ``check=True`` calls ``gen.check_invariants()`` after every event.
+
+    ``away(w, it)``, called when worker ``w`` ended iteration ``it`` (1-based) and has more to run, returns
+    ``None`` (go on) or how long ``w`` is away before it computes again (``math.inf``: for good; such a worker
+    never finishes).  ``report_away=False`` leaves the GG uninformed, to show what goes wrong then (breaks must
+    then be for good: a silent worker's engine and the GG would disagree on the groups it comes back to).
+    """
     n = gen.size
     if callable(compute_time):
         ctime = compute_time
@@ -66,7 +80,10 @@ def simulate(
     arrive_at = [0.0] * n
     res = SimResult([0.0] * n, [[] for _ in range(n)], [], [0.0] * n, [0.0] * n)
     arrivals: dict[int, set] = {}
+    pending_groups: dict[int, Group] = {}  # collectives some member arrived at, not yet over
     seen_groups: set[int] = set()
+    excluded: dict[int, set] = {}  # gid -> workers whose engine is OUT of it (away before receiving it)
+    silent = [False] * n  # away without telling the GG (report_away=False): OUT of everything not received
 
     def push(t, kind, w, payload=None):
         heapq.heappush(heap, (t, next(seq), kind, w, payload))
@@ -81,8 +98,25 @@ def simulate(
             draining[w] = True
             obligations[w] = list(gen.finish(w, t))
             run_obligation(w, t)
+            return
+        gone = away(w, it_done[w]) if away is not None else None
+        if gone is not None:
+            if not report_away and gone != float("inf"):
+                raise ValueError("report_away=False models workers that leave for good (away() must return inf)")
+            go_away(w, t)
+            if gone == float("inf"):
+                return
+            t += gone
+        push(t + ctime(w, it_done[w]), "compute_done", w)
+
+    def go_away(w, t):
+        if report_away:
+            for g in gen.away(w, t):
+                excluded.setdefault(g.group_id, set()).add(w)
         else:
-            push(t + ctime(w, it_done[w]), "compute_done", w)
+            silent[w] = True
+        for gid in list(pending_groups):  # the others may have been waiting in the collective for w
+            maybe_complete(pending_groups[gid], t)
 
     def run_obligation(w, t):
         if obligations[w]:
@@ -98,14 +132,22 @@ def simulate(
             after_sync(w, t)
             return
         arrive_at[w] = t
-        got = arrivals.setdefault(g.group_id, set())
-        got.add(w)
-        if len(got) == len(g.members):
-            done = t + comm(len(g.members))
-            for m in g.members:
-                res.block_time[m] += t - arrive_at[m]  # waited inside the collective for the last member
-                push(done, "ack", m, g.group_id)
-            del arrivals[g.group_id]
+        arrivals.setdefault(g.group_id, set()).add(w)
+        pending_groups[g.group_id] = g
+        maybe_complete(g, t)
+
+    def maybe_complete(g: Group, t):
+        """The collective ends once every member arrived or is OUT (excluded, or silently away)."""
+        got = arrivals[g.group_id]
+        out = excluded.get(g.group_id, set())
+        if not all(m in got or m in out or silent[m] for m in g.members):
+            return
+        done = t + comm(len(got))
+        for m in sorted(got):
+            res.block_time[m] += t - arrive_at[m]  # waited inside the collective for the last member
+            push(done, "ack", m, g.group_id)
+        del arrivals[g.group_id]
+        del pending_groups[g.group_id]
 
     for w in range(n):
         if iters[w] <= 0:

@@ -20,14 +20,16 @@ SLOW = 3
 
 
 class ProgressProbe(tf.keras.callbacks.Callback):
-    """At the end of this worker's fit (before the final consensus), reads how many syncs each worker requested."""
+    """At this worker's last batch (before hetsync's end-of-fit sync points), reads how many syncs each worker
+    requested."""
 
-    def __init__(self, algorithm):
+    def __init__(self, algorithm, steps):
         super().__init__()
-        self.algorithm, self.requests = algorithm, None
+        self.algorithm, self.steps, self.requests = algorithm, steps, None
 
-    def on_train_end(self, logs=None):
-        self.requests = self.algorithm.client.metrics()["requests"]
+    def on_train_batch_end(self, batch, logs=None):
+        if batch + 1 == self.steps:
+            self.requests = self.algorithm.client.metrics()["requests"]
 
 
 def main():
@@ -43,8 +45,8 @@ def main():
     opt = hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.2), sync=mode, **options)
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     m.compile(optimizer=opt, loss=loss, metrics=["accuracy"])
-    probe = ProgressProbe(opt._hetsync_algorithm)
     steps = 80 if rank == SLOW else 160
+    probe = ProgressProbe(opt._hetsync_algorithm, steps)
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                  keras_callbacks.Slowdown("deterministic", ranks=[SLOW], factor=10, base_time=0.02),
                  probe, keras_callbacks.Consensus(every=None)]

@@ -350,4 +350,5 @@ void hetsync_set_availability(int state) {
 }
 int hetsync_get_availability() { return hetsync::GlobalAvailability().state.load(); }
 void hetsync_set_away_after(double seconds) { hetsync::GlobalAvailability().away_after = seconds; }
+int hetsync_engine_away() { return hetsync::Engine::Get().away() ? 1 : 0; }
 }

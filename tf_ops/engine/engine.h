@@ -166,6 +166,7 @@ class Engine {
   Status Enqueue(std::shared_ptr<Operation> op);
 
   bool running() const { return running_; }
+  bool away() const { return counters_.away.load() != 0; }
   int rank() const { return ctx_.rank; }
   int size() const { return ctx_.size; }
   EngineStats Stats() const;

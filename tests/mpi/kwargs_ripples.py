@@ -1,0 +1,96 @@
+"""Run under mpirun -np 2.  Horovod's DistributedOptimizer kwargs in real ripples modes (real MPI, TF, Horovod):
+
+- ripples-static with backward_passes_per_step=2 syncs every second pass only: with lr=0 and node_size=2 the first
+  update (phase 0: singleton groups) keeps each rank's own weights, the second (phase 1: the node [0, 1]) averages
+  them; optimizer.iterations counts updates (2 after 4 passes);
+- every other Horovod kwarg is accepted; the ignored ones give ONE warning, on rank 0 only;
+- ripples-random trains with backward_passes_per_step=2 and sparse_as_dense (Embedding) inside Keras' train step.
+"""
+import os
+import sys
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import horovod.tensorflow.keras as hvd  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import hetsync  # noqa: E402
+from keras_callbacks import Consensus  # noqa: E402
+
+NO_AVERAGE = [Consensus(every=None, at_end=False)]  # the groups' own averages, not the consensus
+from hetsync.algorithms.horovod_kwargs import HorovodKwargWarning  # noqa: E402
+
+
+def flat(model):
+    return np.concatenate([w.ravel() for w in model.get_weights()])
+
+
+def check_static_accumulates(rank):
+    tf.keras.utils.set_random_seed(100 + rank)  # different initial weights per rank
+    model = tf.keras.Sequential([tf.keras.layers.Input((3,)), tf.keras.layers.Dense(2)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt = hetsync.DistributedOptimizer(
+            tf.keras.optimizers.SGD(0.0), sync="ripples-static", node_size=2, backward_passes_per_step=2,
+            average_aggregated_gradients=True, name="kw_static", compression=hvd.Compression.fp16,
+            sparse_as_dense=True, op=hvd.Sum, device_dense="/cpu:0", device_sparse="", gradient_predivide_factor=1.0,
+            num_groups=0, groups=None, process_set=hvd.global_process_set, scale_local_gradients=True)
+    ours = [w for w in caught if issubclass(w.category, HorovodKwargWarning)]
+    expected = 1 if rank == 0 else 0
+    assert len(ours) == expected, f"rank {rank}: {len(ours)} hetsync warnings, expected {expected}: {ours}"
+    if ours:
+        text = str(ours[0].message)
+        assert "op=Sum" in text and "device_dense" in text and "ripples-static" in text, text
+        assert "device_sparse" not in text and "num_groups" not in text, text  # defaults ask for nothing
+    assert opt._hetsync_algorithm.compression is hvd.Compression.fp16
+    model.compile(optimizer=opt, loss="mse")
+    x = np.ones((8, 3), np.float32)
+    y = np.zeros((8, 2), np.float32)
+    before = flat(model)
+    everyone = hvd.allgather(tf.constant(before[None, :])).numpy()
+    model.fit(x[:4], y[:4], batch_size=2, epochs=1, shuffle=False, verbose=0,
+              callbacks=NO_AVERAGE)  # passes 1-2: update 1 (phase 0)
+    assert int(opt.iterations.numpy()) == 1, int(opt.iterations.numpy())
+    np.testing.assert_allclose(flat(model), before, rtol=0, atol=0, err_msg="phase 0 is a singleton group here")
+    model.fit(x[4:], y[4:], batch_size=2, epochs=1, shuffle=False, verbose=0,
+              callbacks=NO_AVERAGE)  # passes 3-4: update 2 (phase 1)
+    assert int(opt.iterations.numpy()) == 2, int(opt.iterations.numpy())
+    # fp16 compression: the average travels as float16 (within its precision, not bit-exact)
+    np.testing.assert_allclose(flat(model), everyone.mean(axis=0), rtol=2e-3, atol=1e-3,
+                               err_msg="the second update should average the node [0, 1]")
+
+
+def check_gg_mode_trains(rank):
+    tf.keras.utils.set_random_seed(7)
+    model = tf.keras.Sequential([tf.keras.layers.Input((4,), dtype="int32"), tf.keras.layers.Embedding(10, 3),
+                                 tf.keras.layers.Flatten(), tf.keras.layers.Dense(1)])
+    opt = hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.05), sync="ripples-random", group_size=2,
+                                       backward_passes_per_step=2, sparse_as_dense=True)
+    model.compile(optimizer=opt, loss="mse")
+    rng = np.random.default_rng(rank)
+    x = rng.integers(0, 10, size=(32, 4)).astype(np.int32)
+    y = rng.normal(size=(32, 1)).astype(np.float32)
+    model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)  # 8 passes -> 4 updates
+    assert int(opt.iterations.numpy()) == 4, int(opt.iterations.numpy())
+    assert np.all(np.isfinite(flat(model)))
+    hetsync.consensus(model)
+    mine = flat(model)
+    both = hvd.allgather(tf.constant(mine[None, :])).numpy()
+    np.testing.assert_allclose(both[0], both[1], rtol=0, atol=1e-6)
+
+
+def main():
+    hvd.init()
+    hetsync.init(timeout=60)
+    rank = hvd.rank()
+    assert hvd.size() == 2, "run with 2 ranks"
+    check_static_accumulates(rank)
+    check_gg_mode_trains(rank)
+    hetsync.shutdown()
+    print(f"OK rank={rank}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
