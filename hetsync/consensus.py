@@ -1,13 +1,12 @@
 """Consensus: one Horovod average of all workers' parameters, so decentralized training yields one model.
 
 Decentralized methods (Ripples, Hop, ...) leave workers with different parameters.  Before evaluation,
-checkpointing, a mode switch and the end of training, the job averages them with Horovod (ARCHITECTURE.md).
+checkpointing, a mode switch and the end of training, the job averages them with Horovod (ARCHITECTURE.md); inside
+``Model.fit`` the sync points of hetsync/fit_hook.py call :func:`sync_point`.
 
 A consensus round is a global collective, so it must not wait on a worker that still trains alone, nor make a
 training worker wait on one that is in the round: the algorithm withdraws the worker from hetsync's own collectives
-for the duration (``on_consensus_begin``) and rejoins afterwards.  Each round also carries a "finished" flag: a
-worker whose training has ended keeps joining the others' rounds (``finish``) until every worker has finished, so
-workers that run different numbers of steps or epochs all end with the same model, without a hang.
+for the duration (``on_consensus_begin``) and rejoins afterwards (``on_consensus_end``), unless it is idle.
 """
 
 def _hvd():
@@ -26,59 +25,41 @@ def _averageable(variables):
 
 
 def consensus(model, finished=False, algorithm=None, name="hetsync_consensus"):
-    """Averages ``model``'s float variables over all workers; returns True when every worker says finished.
+    """Averages ``model``'s float variables over all workers; returns True when every worker says ``finished``.
 
-    Collective over all Horovod ranks: every rank must call it the same number of times (``finish`` keeps a finished
-    worker in step with the others).
+    For custom training loops (``Model.fit`` does this by itself, hetsync/fit_hook.py).  Collective over all Horovod
+    ranks: every rank must call it the same number of times; a worker that has finished keeps calling it (with
+    ``finished=True``, weight 0 in the average) until it returns True.
     """
-    import tensorflow as tf
-
-    hvd = _hvd()
     algorithm = algorithm if algorithm is not None else _algorithm_of(model)
-    if algorithm is not None:
-        algorithm.on_consensus_begin()
-    variables = _averageable(model.variables)
-    if variables:
-        averaged = hvd.grouped_allreduce([tf.convert_to_tensor(v) for v in variables], op=hvd.Average,
-                                         name=f"{name}.params")
-        for var, value in zip(variables, averaged):
-            var.assign(value)
-    flag = hvd.allreduce(tf.constant(1.0 if finished else 0.0), op=hvd.Min, name=f"{name}.finished")
-    all_finished = bool(flag.numpy() >= 1.0)
-    if algorithm is not None:
-        # Once every worker has finished, all rejoin together: the next fit() starts with everyone in.
-        algorithm.on_consensus_end(finished and not all_finished)
-    return all_finished
+    return sync_point(model, algorithm, idle=finished, weight=0.0 if finished else 1.0, name=name)
 
 
-def sync_point(model, algorithm, finished, weight=1.0, average=True, name="hetsync.sync"):
-    """One global sync point (hetsync/fit_hook.py): leave hetsync's collectives, ``hvd.join()``, average, rejoin.
+def sync_point(model, algorithm, idle, weight=1.0, average=True, name="hetsync.sync"):
+    """One global sync point (hetsync/fit_hook.py): leave hetsync's collectives, average, say who is idle, rejoin.
 
-    Every rank calls it the same number of times.  ``hvd.join()`` first: a rank that arrives early (end of its
-    epoch or of its training) lets the others' Horovod collectives complete without it while it waits -- their
-    gradient allreduce in a synchronous mode, a user's ``hvd.allreduce`` in a callback -- so no rank waits on one
-    that is not coming.  Then, with every rank here, the models are averaged weighted by ``weight`` (1 for a rank
-    that trained since its last sync point, 0 for a finished one: the newest models make the consensus; if every
-    weight is 0 all count equally), which leaves every rank with the same model.  ``average=False`` skips the
-    average (``Consensus(every=None)``).  Returns True when every rank says ``finished``.
+    Every rank calls it the same number of times -- idle ranks (stopped early) too, since they step through the
+    same epochs.  The models are averaged weighted by ``weight`` (1 for a rank that trained since its last sync
+    point, 0 for an idle one: the newest models make the consensus; if every weight is 0 all count equally), which
+    leaves every rank with the same model.  ``average=False`` skips the average (``Consensus(every=None)``).
+    Returns True when every rank is idle.  Idle ranks stay withdrawn from hetsync's collectives afterwards.
     """
     import tensorflow as tf
 
     hvd = _hvd()
     if algorithm is not None:
         algorithm.on_consensus_begin()
-    hvd.join()
     if average:
         _weighted_average(model, weight, name)
-    flag = hvd.allreduce(tf.constant(1.0 if finished else 0.0), op=hvd.Min, name=f"{name}.finished")
-    all_finished = bool(flag.numpy() >= 1.0)
+    flag = hvd.allreduce(tf.constant(1.0 if idle else 0.0), op=hvd.Min, name=f"{name}.idle")
+    all_idle = bool(flag.numpy() >= 1.0)
     if algorithm is not None:
-        algorithm.on_consensus_end(finished and not all_finished)
-    return all_finished
+        algorithm.on_consensus_end(idle)
+    return all_idle
 
 
 def _weighted_average(model, weight, name):
-    """sum(w_r x_r) / sum(w_r) over ranks with Horovod Sum (joined ranks would contribute zeros: exact anyway)."""
+    """sum(w_r x_r) / sum(w_r) over ranks, in float64 with Horovod Sum: identical models stay bit-identical."""
     import tensorflow as tf
 
     hvd = _hvd()
@@ -95,11 +76,3 @@ def _weighted_average(model, weight, name):
         total = float(sums[-1].numpy()[0])
     for var, value in zip(variables, sums[:-1]):
         var.assign(tf.cast(value / total, var.dtype))
-
-
-def finish(model, algorithm=None, name="hetsync_consensus"):
-    """Ends training on this worker: joins consensus rounds until every worker has finished; returns the round count."""
-    rounds = 1
-    while not consensus(model, finished=True, algorithm=algorithm, name=name):
-        rounds += 1
-    return rounds

@@ -1,42 +1,57 @@
 """hetsync inside ``Model.fit``, with no callback for the user to add: where each rank is, epoch ends, the end.
 
-``hetsync.init()`` wraps ``tf.keras.Model.fit`` once.  For a model compiled with a ``hetsync.DistributedOptimizer``
-the wrapper puts one internal callback, :class:`SyncPoints`, first in the callback list; any other model trains
-exactly as before.  The callback gives every mode the drop-in guarantees (README, "Guarantees"):
+``hetsync.init()`` (and ``hetsync.DistributedOptimizer``) wrap ``tf.keras.Model.fit`` once.  For a model compiled
+with a hetsync optimizer the wrapper adds two internal callbacks, :class:`SyncPoints` first in the list and
+:class:`StopVote` last; any other model trains exactly as before.  They give every mode the drop-in guarantees
+(README, "Guarantees"):
 
 * **Where the rank is** (docs/engine.md, "Availability").  The compiled train function is wrapped so the engine
   knows when this rank is inside a train step (IN_STEP: peers wait for it, it is coming) and when it left
   (BETWEEN: if it stays out longer than ``away_after``, e.g. blocked in a user's ``hvd.allreduce`` in a callback,
-  peers stop waiting and go on without it).  Epoch ends and finished ranks are reported AWAY at once.
-* **Epoch ends are a global sync point.**  Every rank reaches it after its own last batch of the epoch (ranks of
-  decentralized modes are at different iterations, shards may be uneven): it leaves hetsync's partial collectives,
-  calls ``hvd.join()`` -- Horovod's own answer to uneven data: collectives that other ranks still run (their
-  gradient allreduce, a user's ``hvd.allreduce`` every N batches) complete without this rank -- and once every rank
-  has joined, one consensus round averages the models (decentralized modes end every epoch with one model, so
-  validation and rank 0's ``ModelCheckpoint`` see the consensus model) and says who has finished.  User callbacks
-  that run Horovod collectives at the epoch end (``MetricAverageCallback``) run after this point, on every rank at
-  once.  The sync point runs before the epoch's validation when there is one, else at ``on_epoch_end``.
-* **Ranks that stop at different times.**  A rank whose ``fit`` ends (last epoch, ``EarlyStopping``, a time budget,
-  a short shard) keeps taking part in the others' sync points -- join, consensus -- until every rank has finished,
-  so nobody waits on it, it receives every consensus, and all ranks leave ``fit`` with the same model.  A finished
-  rank's model has weight 0 in the consensus (it stopped training; the others' is newer).
+  peers stop waiting and go on without it).  Epoch ends and idle ranks are AWAY at once.
+* **Epoch ends are a global sync point** (SyncPoints, before any user callback's ``on_epoch_end`` and before the
+  epoch's validation): the rank leaves hetsync's partial collectives, and one consensus round averages the models
+  (decentralized modes end every epoch with one model, so validation, ``MetricAverageCallback`` and rank 0's
+  ``ModelCheckpoint`` see the consensus model) and tells who has stopped.  Ranks of decentralized modes reach it
+  at different times; it is a Horovod collective, so the early ones wait for the late ones there -- never the other
+  way round.
+* **Ranks that stop at different times: idle steps.**  When a callback sets ``model.stop_training`` on one rank (a
+  time budget, ``EarlyStopping`` deciding alone) and not on all, that rank does not leave ``fit``: it becomes
+  *idle*.  It keeps stepping through the same batches and epochs, so every callback -- and every Horovod collective
+  a user's callback runs (``MetricAverageCallback``, an ``hvd.allreduce`` every N batches) -- runs the same number
+  of times on every rank, and the job's collectives always match.  An idle step trains nothing: in decentralized
+  modes it does not run the step at all (the rank is withdrawn, nobody waits on it); in synchronous modes
+  (``allreduce``) it runs the step with a zero gradient contribution, so the others' gradient allreduce completes
+  and the idle rank keeps receiving their updates (Horovod's ``join`` semantics; ``hvd.join`` itself cannot be
+  called twice in a process in Horovod 0.28).  An idle rank's model has weight 0 in the consensus.  At each epoch
+  end StopVote, after every user callback, asks every rank: when all have stopped, all leave ``fit`` together.
+  So the job ends within one epoch of idle steps (no compute) after its last rank stops.
 
-``keras_callbacks.Consensus`` is optional: it adds rounds every N batches, or turns the epoch-end rounds off.
+``keras_callbacks.Consensus`` is optional: it adds rounds every N batches, or turns the averages off.
 """
 import functools
+import os
+import sys
+import time
 
 _STATE = {"installed": False, "original_fit": None, "last_rounds": 0}
-
-
-def last_rounds():
-    """Sync points (epoch ends, end rounds, mid-epoch rounds) of the last hetsync ``fit`` on this rank."""
-    return _STATE["last_rounds"]
+_DEBUG = os.environ.get("HETSYNC_DEBUG", "") not in ("", "0")
 
 
 def _hvd():
     import horovod.tensorflow as hvd
 
     return hvd
+
+
+def _debug(msg):
+    if _DEBUG:
+        print(f"[hetsync {time.monotonic():.3f}] rank {_hvd().rank()}: {msg}", file=sys.stderr, flush=True)
+
+
+def last_rounds():
+    """Sync points (epoch ends, mid-epoch rounds, the end round) of the last hetsync ``fit`` on this rank."""
+    return _STATE["last_rounds"]
 
 
 def install():
@@ -52,25 +67,44 @@ def install():
         algorithm = getattr(getattr(self, "optimizer", None), "_hetsync_algorithm", None)
         if algorithm is None:
             return original(self, *args, **kwargs)
-        args, kwargs = _with_sync_points(original, self, args, kwargs, algorithm)
-        return original(self, *args, **kwargs)
+        return original(self, **_with_sync_points(original, self, args, kwargs, algorithm))
 
     fit._hetsync_original = original
     tf.keras.Model.fit = fit
     _STATE.update(installed=True, original_fit=original)
 
 
+def uninstall():
+    """Restores the original ``Model.fit`` (tests)."""
+    if _STATE["installed"]:
+        import tensorflow as tf
+
+        tf.keras.Model.fit = _STATE["original_fit"]
+        _STATE.update(installed=False, original_fit=None)
+
+
 def _with_sync_points(original, model, args, kwargs, algorithm):
-    """Returns fit's arguments with SyncPoints first in its callback list."""
+    """fit's arguments as keywords, with SyncPoints first and StopVote last in its callback list."""
     import inspect
 
     bound = inspect.signature(original).bind(model, *args, **kwargs)
-    callbacks = bound.arguments.get("callbacks")
-    user = list(callbacks) if callbacks else []
-    user = [cb for cb in user if not isinstance(cb, SyncPoints)]
-    bound.arguments["callbacks"] = [SyncPoints(algorithm, user)] + user
-    bound.arguments.pop("self", None)
-    return (), dict(bound.arguments)
+    arguments = dict(bound.arguments)
+    arguments.pop("self", None)
+    user = [cb for cb in (arguments.get("callbacks") or []) if not isinstance(cb, (SyncPoints, StopVote))]
+    head = SyncPoints(algorithm, user)
+    own = arguments.get("steps_per_epoch")
+    if isinstance(own, int) and own > 0:
+        # Uneven shards: every rank runs the longest epoch; a rank's batches past its own count are idle steps, so
+        # per-batch collectives (a synchronous gradient allreduce, a user's hvd.allreduce every N batches) match.
+        import tensorflow as tf
+
+        hvd = _hvd()
+        _STATE["fits"] = _STATE.get("fits", 0) + 1
+        longest = int(hvd.allreduce(tf.constant(own, tf.int64), op=hvd.Max, name=f"hetsync.fit.{_STATE['fits']}"))
+        arguments["steps_per_epoch"] = longest
+        head.own_steps = own
+    arguments["callbacks"] = [head] + user + [StopVote(head)]
+    return arguments
 
 
 def _consensus_options(user_callbacks):
@@ -80,116 +114,177 @@ def _consensus_options(user_callbacks):
     return (found[0].every, found[0].at_end) if found else ("epoch", True)
 
 
-def _wrap_train_function(model):
-    """Makes the compiled train function report IN_STEP / BETWEEN to the engine around every call."""
-    fn = model.train_function
-    if fn is None or getattr(fn, "_hetsync_wrapped", False):
-        return
-    from hetsync import ops
-
-    def train_function(iterator):
-        ops.set_availability(ops.IN_STEP)
-        try:
-            return fn(iterator)
-        finally:
-            ops.set_availability(ops.BETWEEN)
-
-    train_function._hetsync_wrapped = True
-    train_function._hetsync_inner = fn
-    model.train_function = train_function
-
-
-def _make_callback_base():
+def _callback_base():
     import tensorflow as tf
 
     return tf.keras.callbacks.Callback
 
 
-class SyncPoints(_make_callback_base()):
-    """The internal callback (see the module docstring).  Always first in ``fit``'s callback list."""
+class SyncPoints(_callback_base()):
+    """First in ``fit``'s callback list: availability, idle steps, epoch-end sync points, the end round."""
 
     def __init__(self, algorithm, user_callbacks=()):
         super().__init__()
         self.algorithm = algorithm
         self.every, self.at_end = _consensus_options(user_callbacks)
         self.rounds = 0
-        self._in_fit = False
+        self.idle = False           # this rank stopped; it steps through the rest of fit without training
+        self.own_steps = None       # this rank's own steps per epoch, when fewer than the job's (uneven shards)
+        self._batch = 0             # train-function calls in this epoch
+        self._padding = False       # idle for the rest of this epoch only (past own_steps)
+        self.all_idle = False       # the last sync point found every rank idle
+        self.idle_steps = 0
         self._synced_this_epoch = False
         self._steps_since_sync = 0
-        self._epochs = None
+
+    # -- the train function -------------------------------------------------------------------------------
+    def _wrap_train_function(self):
+        model = self.model
+        fn = getattr(model.train_function, "_hetsync_inner", model.train_function)
+        from hetsync import ops
+
+        def train_function(iterator):
+            self._batch += 1
+            if self.own_steps is not None and self._batch > self.own_steps and not self._padding:
+                self._padding = True
+                if not self.idle:
+                    _debug(f"epoch has {self.own_steps} steps here: idle steps to the end of the epoch")
+                    ops.pin_away(True)
+                    self.algorithm.on_idle()
+            if self.idle or self._padding:
+                self.idle_steps += 1
+                logs = self.algorithm.idle_step(fn, iterator)
+                if logs is None:  # decentralized: nothing ran; Keras wants logs: the metrics as they stand
+                    return {m.name: m.result() for m in model.metrics}
+                return logs
+            ops.set_availability(ops.IN_STEP)
+            try:
+                logs = fn(iterator)
+            finally:
+                ops.set_availability(ops.BETWEEN)
+            self._steps_since_sync += 1
+            return logs
+
+        train_function._hetsync_inner = fn
+        model.train_function = train_function
 
     # -- Keras hooks ----------------------------------------------------------------------------------------
     def on_train_begin(self, logs=None):
         from hetsync import ops
 
-        self._in_fit = True
-        self._epochs = (self.params or {}).get("epochs")
-        _wrap_train_function(self.model)
+        self.idle = self.all_idle = self._padding = False
+        ops.pin_away(False)
+        self.idle_steps = 0
+        self._steps_since_sync = 0
+        self._wrap_train_function()
         ops.set_availability(ops.BETWEEN)
 
     def on_epoch_begin(self, epoch, logs=None):
+        from hetsync import ops
+
         self._synced_this_epoch = False
+        self._batch = 0
+        if self._padding:
+            self._padding = False
+            if not self.idle:  # the epoch-end sync point rejoined hetsync's collectives; the mode's state comes back
+                ops.pin_away(False)
+                self.algorithm.on_resume()
+                ops.set_availability(ops.BETWEEN)
 
     def on_train_batch_end(self, batch, logs=None):
-        self._steps_since_sync += 1
-        if isinstance(self.every, int) and self._steps_since_sync and (batch + 1) % self.every == 0:
-            self._mid_epoch_round()
+        if isinstance(self.every, int) and (batch + 1) % self.every == 0:
+            self.sync_point(mid_epoch=True)
 
     def on_test_begin(self, logs=None):
-        if self._in_fit and not self._synced_this_epoch:
-            self._epoch_sync_point(last=False)
+        if getattr(self.model, "_hetsync_in_fit", False) and not self._synced_this_epoch:
+            self._synced_this_epoch = True
+            self.sync_point()
 
     def on_epoch_end(self, epoch, logs=None):
         if not self._synced_this_epoch:
-            last = bool(self.model.stop_training) or (self._epochs is not None and epoch + 1 >= self._epochs)
-            self._epoch_sync_point(last=last)
+            self._synced_this_epoch = True
+            self.sync_point()
 
     def on_train_end(self, logs=None):
         from hetsync import ops
 
-        self._in_fit = False
-        ops.set_availability(ops.AWAY)
-        # Keep joining the others' sync points until every rank has finished (no-op if the last one said so).
-        while not self._all_finished:
-            self._sync_point(finished=True)
-        self._all_finished = False
+        # Every rank leaves fit at the same epoch end (StopVote), so this round is global too: idle ranks rejoin
+        # hetsync's collectives here, ready for the next fit.
+        was_idle, self.idle = self.idle, False
+        self._padding = False
+        ops.pin_away(False)
+        self.sync_point(final=True)
+        if was_idle:
+            self.algorithm.on_resume()
         _STATE["last_rounds"] = self.rounds
-        ops.set_availability(ops.IN_STEP)  # outside fit: plain ops.p_reduce calls are not gated
+        ops.set_availability(ops.IN_STEP)  # outside fit, plain ops.p_reduce calls are not gated
 
-    # -- sync points ----------------------------------------------------------------------------------------
-    _all_finished = False
+    # -- idle and sync points -------------------------------------------------------------------------------
+    def become_idle(self):
+        """This rank stopped while others train on: withdraw from hetsync's collectives, step on without training."""
+        from hetsync import ops
 
-    def _epoch_sync_point(self, last):
-        self._synced_this_epoch = True
-        self._sync_point(finished=last)
+        if self.idle:
+            return
+        _debug("stopped: idle steps from now on")
+        ops.pin_away(True)
+        if self._padding:  # already out for this epoch
+            self.idle = True
+            return
+        self.idle = True
+        self.algorithm.on_idle()
 
-    def _sync_point(self, finished):
-        """Global: every rank calls it the same number of times (finished ranks from on_train_end's loop)."""
+    def sync_point(self, final=False, mid_epoch=False):
+        """Global: every rank calls it at the same epoch ends / batches (idle ranks included).  A rank idle for
+        the rest of this epoch (uneven shards) stays out of hetsync's collectives after a mid-epoch round, and
+        rejoins at the epoch end."""
         from hetsync import ops
         from hetsync.consensus import sync_point
 
         ops.set_availability(ops.AWAY)
         weight = 1.0 if self._steps_since_sync > 0 else 0.0
-        average = self.at_end if finished else self.every is not None
-        self._all_finished = sync_point(self.model, self.algorithm, finished=finished, weight=weight,
-                                                  average=average, name=f"hetsync.sync.{self.rounds}")
+        # Epoch ends average unless Consensus(every=None); the end round only then (every epoch end already did).
+        average = (self.every is None and self.at_end) if final else self.every is not None
+        _debug(f"sync point {self.rounds} (idle={self.idle}, weight={weight}, final={final})")
+        out = self.idle or (mid_epoch and self._padding)
+        self.all_idle = sync_point(self.model, self.algorithm, idle=out, weight=weight, average=average,
+                                   name=f"hetsync.sync.{self.rounds}")
         self.rounds += 1
         self._steps_since_sync = 0
-        if not finished:
+        if not out:
             ops.set_availability(ops.BETWEEN)
 
-    def _mid_epoch_round(self):
-        """``Consensus(every=N)``: a sync point every N batches too (every rank reaches batch N of the epoch;
-        a finished rank's loop pairs with it like with an epoch end)."""
-        self._sync_point(finished=False)
 
+class StopVote(_callback_base()):
+    """Last in ``fit``'s callback list: turns one rank's ``stop_training`` into idle steps, and stops every rank
+    together once all have stopped (one small Horovod allreduce per epoch end, after every user callback)."""
 
-def uninstall():
-    """Restores the original ``Model.fit`` (tests)."""
-    if not _STATE["installed"]:
-        return
-    import tensorflow as tf
+    def __init__(self, head):
+        super().__init__()
+        self.head = head
+        self.votes = 0
 
-    tf.keras.Model.fit = _STATE["original_fit"]
-    _STATE.update(installed=False, original_fit=None)
+    def on_train_begin(self, logs=None):
+        self.model._hetsync_in_fit = True
 
+    def on_train_batch_end(self, batch, logs=None):
+        if self.model.stop_training:  # a time budget, an error-stop... mid-epoch, on this rank only
+            self.model.stop_training = False
+            self.head.become_idle()
+
+    def on_epoch_end(self, epoch, logs=None):
+        import tensorflow as tf
+
+        hvd = _hvd()
+        wants_stop = bool(self.model.stop_training) or self.head.idle
+        everyone = hvd.allreduce(tf.constant(1.0 if wants_stop else 0.0), op=hvd.Min,
+                                 name=f"hetsync.stopvote.{self.votes}")
+        self.votes += 1
+        if float(everyone) >= 1.0:
+            self.model.stop_training = True  # every rank stops here, at the same epoch
+        elif wants_stop:
+            self.model.stop_training = False
+            self.head.become_idle()
+
+    def on_train_end(self, logs=None):
+        self.model._hetsync_in_fit = False

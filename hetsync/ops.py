@@ -35,6 +35,7 @@ _clib.hetsync_set_availability.argtypes = [ctypes.c_int]
 _clib.hetsync_get_availability.restype = ctypes.c_int
 _clib.hetsync_set_away_after.argtypes = [ctypes.c_double]
 _clib.hetsync_engine_away.restype = ctypes.c_int
+_clib.hetsync_pin_away.argtypes = [ctypes.c_int]
 
 # Order of the HetsyncEngineStats vector (tf_ops/engine/engine.cc, kStatNames).
 STAT_NAMES = ("preduces", "bytes", "cache_hits", "cache_misses", "cache_size", "uncached_creations",
@@ -94,6 +95,11 @@ def set_availability(state):
     if state not in (IN_STEP, BETWEEN, AWAY):
         raise ValueError(f"availability must be IN_STEP, BETWEEN or AWAY, got {state!r}")
     _clib.hetsync_set_availability(int(state))
+
+
+def pin_away(away):
+    """While pinned, this rank stays AWAY whatever else reports (an idle rank's injected delays are not compute)."""
+    _clib.hetsync_pin_away(1 if away else 0)
 
 
 def availability():

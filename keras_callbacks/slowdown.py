@@ -22,6 +22,16 @@ import tensorflow as tf
 MODES = ("deterministic", "random", "imbalance")
 
 
+def _in_step():
+    """An injected delay stands for a slower step's compute: report it as inside the step, so peers wait for this
+    rank as they would for a slow GPU instead of counting it away (docs/engine.md, "Availability")."""
+    try:
+        from hetsync import ops
+    except ImportError:  # the native library is not built: nothing to report
+        return
+    ops.set_availability(ops.IN_STEP)
+
+
 def _rank_size():
     import horovod.tensorflow as hvd
 
@@ -84,6 +94,7 @@ class Slowdown(tf.keras.callbacks.Callback):
     def on_train_batch_begin(self, batch, logs=None):
         delay = self.delay_for_step(self._step)
         if delay > 0:
+            _in_step()
             time.sleep(delay)
             self.slept += delay
         self._batch_start = time.perf_counter()
@@ -110,4 +121,5 @@ class EmulatedCompute(tf.keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         if self.seconds:
+            _in_step()
             time.sleep(self.seconds)

@@ -472,6 +472,23 @@ def _make(cfg):
     )
 
 
+def _drain(gg, d, workers, rounds):
+    """Lets ``workers`` run their held/waiting groups and finish (running obligations) until nothing moves."""
+    for _ in range(rounds):
+        progressed = False
+        for w in workers:
+            st_ = gg.worker_state(w)
+            if gg.held_group(w) is not None or st_ == "waiting":
+                progressed |= d.act(w)
+            elif st_ == "idle":
+                for g in gg.finish(w, d.now):
+                    d.observe(w, g)
+                progressed = True
+            gg.check_invariants()
+        if not progressed:
+            break
+
+
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg=configs, script=ops)
 def test_property_random_interleavings_keep_invariants_and_terminate(cfg, script):
@@ -499,19 +516,7 @@ def test_property_random_interleavings_keep_invariants_and_terminate(cfg, script
     assert not waiting, f"starved workers {waiting}"
 
     # Everybody finishes (running obligations): the system drains completely (no deadlock).
-    for _ in range(10 * n + 20):
-        progressed = False
-        for w in range(n):
-            st_ = gg.worker_state(w)
-            if gg.held_group(w) is not None or st_ == "waiting":
-                progressed |= d.act(w)
-            elif st_ == "idle":
-                for g in gg.finish(w, d.now):
-                    d.observe(w, g)
-                progressed = True
-            gg.check_invariants()
-        if not progressed:
-            break
+    _drain(gg, d, range(n), rounds=10 * n + 20)
     assert all(gg.worker_state(w) in ("finished", "evicted") for w in range(n))
     assert all(gg.held_group(w) is None for w in range(n))
     m = gg.metrics()
@@ -760,19 +765,7 @@ def test_property_away_interleavings_keep_invariants_and_never_block_the_others(
     assert all(c >= 3 for c in served.values()), f"starved: {served} (away for good: {forever})"
 
     # The others finish and everything drains although the away workers never come back.
-    for _ in range(10 * n + 20):
-        progressed = False
-        for w in others:
-            st_ = gg.worker_state(w)
-            if gg.held_group(w) is not None or st_ == "waiting":
-                progressed |= d.act(w)
-            elif st_ == "idle":
-                for g in gg.finish(w, d.now):
-                    d.observe(w, g)
-                progressed = True
-            gg.check_invariants()
-        if not progressed:
-            break
+    _drain(gg, d, others, rounds=10 * n + 20)
     m = gg.metrics()
     assert all(m["state"][w] in ("finished", "evicted") for w in others)
     assert m["pending_groups"] == 0 and m["active_groups"] == 0

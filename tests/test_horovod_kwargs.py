@@ -134,13 +134,19 @@ def test_bad_values_are_value_errors_naming_the_kwarg(mode):
 def test_allreduce_hands_every_kwarg_to_horovod_unchanged(monkeypatch):
     calls = []
 
+    class FakeHorovodOptimizer:  # what hvd.DistributedOptimizer returns; hetsync only adds its idle-step scaling
+        def _allreduce(self, grads, variables):
+            return grads
+
+    made = FakeHorovodOptimizer()
+
     def fake(optimizer, **kw):
         calls.append((optimizer, kw))
-        return "hvd-optimizer"
+        return made
 
     monkeypatch.setattr(hvd_keras, "DistributedOptimizer", fake)
     opt = tf.keras.optimizers.SGD(0.1)
-    assert algorithms.create("allreduce", **NON_DEFAULT).wrap(opt) == "hvd-optimizer"
+    assert algorithms.create("allreduce", **NON_DEFAULT).wrap(opt) is made
     assert calls[-1][0] is opt and calls[-1][1] == NON_DEFAULT
     algorithms.create("allreduce").wrap(opt)
     assert calls[-1][1] == {}  # unset ones keep Horovod's defaults

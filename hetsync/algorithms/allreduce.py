@@ -16,6 +16,42 @@ class HorovodAllreduce(SyncAlgorithm):
     HOROVOD_PASSTHROUGH = True
 
     def wrap(self, optimizer):
-        import horovod.tensorflow.keras as hvd_keras
+        import types
 
-        return hvd_keras.DistributedOptimizer(optimizer, **self.horovod_kwargs)
+        import horovod.tensorflow.keras as hvd_keras
+        import tensorflow as tf
+
+        wrapped = hvd_keras.DistributedOptimizer(optimizer, **self.horovod_kwargs)
+        # This rank's weight in the gradient average: 1, or 0 while it is idle (it stopped early; its steps still
+        # take part in the others' allreduce, as Horovod's join would make them).  g * 1.0 == g exactly, so an
+        # active rank computes what hvd.DistributedOptimizer computes, bit for bit.  Patched on the instance:
+        # Horovod's class calls super(self.__class__, self), which a subclass would turn into a recursion.
+        with tf.init_scope():
+            self.contribution = tf.Variable(1.0, trainable=False, name="hetsync_contribution")
+        inner = wrapped._allreduce
+        contribution = self.contribution
+
+        def _allreduce(opt, grads, variables):
+            return inner([_scaled(g, contribution) for g in grads], variables)
+
+        wrapped._allreduce = types.MethodType(_allreduce, wrapped)
+        return wrapped
+
+    def on_idle(self):
+        self.contribution.assign(0.0)
+
+    def idle_step(self, train_function, iterator):
+        return train_function(iterator)
+
+    def on_resume(self):
+        self.contribution.assign(1.0)
+
+
+def _scaled(grad, factor):
+    import tensorflow as tf
+
+    if grad is None:
+        return None
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values * tf.cast(factor, grad.values.dtype), grad.indices, grad.dense_shape)
+    return grad * tf.cast(factor, grad.dtype)

@@ -70,6 +70,17 @@ class SyncAlgorithm:
         """Returns a Keras optimizer that trains with this method."""
         raise NotImplementedError
 
+    def on_idle(self):
+        """This rank stopped while others train on (hetsync/fit_hook.py): leave every collective of the mode."""
+
+    def idle_step(self, train_function, iterator):
+        """One step of an idle rank.  Default (decentralized modes): train nothing, run nothing, return None.
+        Synchronous modes run ``train_function`` so the others' collectives complete (and return its logs)."""
+        return None
+
+    def on_resume(self):
+        """The fit in which this rank was idle has ended (every rank is back at the same point)."""
+
     def on_consensus_begin(self):
         """Called by the Consensus step before the global average (e.g. to tell a coordinator we pause)."""
 

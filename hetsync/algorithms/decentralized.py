@@ -11,6 +11,11 @@ from hetsync.algorithms.base import SyncAlgorithm
 class DecentralizedAlgorithm(SyncAlgorithm):
     """Withdraws from P-Reduce for each consensus round and rejoins after it."""
 
+    def on_idle(self):
+        from hetsync import ops
+
+        ops.withdraw()
+
     def on_consensus_begin(self):
         from hetsync import ops
 

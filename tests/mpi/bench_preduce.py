@@ -59,6 +59,9 @@ def main():
     def preduce():
         ops.p_reduce(x, group).numpy()
 
+    def preduce_fp16():
+        ops.p_reduce(x, group, compression="fp16").numpy()
+
     def measure():
         for _ in range(args.warmup):
             preduce()
@@ -66,7 +69,9 @@ def main():
         t_mpi = timed(comm, mpi_allreduce, args.reps)
         t_pr = timed(comm, preduce, args.reps)
         t_mpi2 = timed(comm, mpi_allreduce, args.reps)  # again, to see the noise
-        return t_pr, t_mpi, t_mpi2
+        preduce_fp16()
+        t_half = timed(comm, preduce_fp16, args.reps)
+        return t_pr, t_mpi, t_mpi2, t_half
 
     ops.engine_start(timeout=120.0)
     alone = measure()
@@ -74,10 +79,11 @@ def main():
     with_hvd = measure()
     if comm.rank == 0:
         print(f"buffer {args.mb:g} MB float32 on {comm.size} ranks, median of {args.reps} reps (slowest rank)")
-        for label, (t_pr, t_mpi, t_mpi2) in (("before hvd.init()", alone), ("Horovod running", with_hvd)):
+        for label, (t_pr, t_mpi, t_mpi2, t_half) in (("before hvd.init()", alone), ("Horovod running", with_hvd)):
             base = min(t_mpi, t_mpi2)
             print(f"  {label:18s}: MPI_Allreduce {t_mpi * 1e3:7.2f} ms (repeat {t_mpi2 * 1e3:7.2f} ms), "
-                  f"P-Reduce {t_pr * 1e3:7.2f} ms, ratio P-Reduce / MPI_Allreduce {t_pr / base:.2f}")
+                  f"P-Reduce {t_pr * 1e3:7.2f} ms, ratio P-Reduce / MPI_Allreduce {t_pr / base:.2f}; "
+                  f"P-Reduce fp16 {t_half * 1e3:7.2f} ms ({t_half / base:.2f})")
     comm.Free()
     ops.engine_shutdown()
 

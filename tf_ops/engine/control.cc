@@ -18,8 +18,17 @@ int64_t NowNs() {
 }  // namespace
 
 void AvailabilityFlag::Set(Availability a) {
+  if (pinned.load() && a != Availability::kAway) return;
   since_ns = NowNs();
   state = static_cast<int>(a);
+}
+
+void AvailabilityFlag::Pin(bool away) {
+  pinned = away;
+  if (away) {
+    since_ns = NowNs();
+    state = static_cast<int>(Availability::kAway);
+  }
 }
 
 AvailabilityFlag& GlobalAvailability() {
@@ -140,6 +149,15 @@ void ControlPlane::Deliver(EngineContext& ctx, const WireHeader& h) {
   box_[key][h.sender] = h;
 }
 
+void ControlPlane::Join(EngineContext& ctx, const InstanceKey& key) {
+  active_ = key;
+  has_active_ = true;
+  // Seqs of a stream increase on every rank, so a rank that starts seq q skipped every older one it did not join
+  // (e.g. the static schedule's iterations drift apart with uneven epochs): answer their headers as late.
+  if (key.seq > INT64_MIN) Resolve(ctx, InstanceKey{key.stream, key.seq - 1});
+  has_active_ = true;
+}
+
 bool ControlPlane::TakeDecidedOut(const InstanceKey& key) { return decided_out_.erase(key) > 0; }
 
 bool ControlPlane::IsLate(const InstanceKey& key) const {
@@ -189,6 +207,7 @@ void ControlPlane::NewSession(EngineContext& ctx) {
   decided_out_.clear();
   last_resolved_.clear();
   has_active_ = false;
+  out_ = OutNow(ctx);  // the latch still holds the old session's (withdrawn) state
   std::vector<WireHeader> later;
   later.swap(future_);
   for (auto& h : later) {

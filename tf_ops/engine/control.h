@@ -73,7 +73,9 @@ struct AvailabilityFlag {
   std::atomic<int> state{static_cast<int>(Availability::kInStep)};
   std::atomic<int64_t> since_ns{0};  // steady-clock time of the last change
   std::atomic<double> away_after{0.2};
+  std::atomic<bool> pinned{false};  // idle rank: stays kAway whatever else reports (e.g. an injected delay)
   void Set(Availability a);
+  void Pin(bool away);
 };
 AvailabilityFlag& GlobalAvailability();
 
@@ -89,8 +91,9 @@ class ControlPlane {
   // Whether this rank already decided OUT of `key`; consumes the decision.
   bool TakeDecidedOut(const InstanceKey& key);
   bool IsLate(const InstanceKey& key) const;  // seq <= the last seq this rank resolved in the stream
-  // This rank starts `key` (IN): messages for it are kept even while the rank is away.
-  void Join(const InstanceKey& key) { active_ = key; has_active_ = true; }
+  // This rank starts `key` (IN): messages for it are kept even while the rank is away, and every older instance
+  // of the stream is late from now on (this rank will never go back to it).
+  void Join(EngineContext& ctx, const InstanceKey& key);
   // The message `sender` sent for `key`: 0 none yet, 1 a header (copied into *out), 2 EXCLUDE. Consumes it.
   int Take(const InstanceKey& key, int sender, WireHeader* out);
   // `key` is over on this rank (joined or skipped): later messages for it and for older seqs are late.

@@ -348,6 +348,7 @@ extern "C" {
 void hetsync_set_availability(int state) {
   hetsync::GlobalAvailability().Set(static_cast<hetsync::Availability>(state));
 }
+void hetsync_pin_away(int away) { hetsync::GlobalAvailability().Pin(away != 0); }
 int hetsync_get_availability() { return hetsync::GlobalAvailability().state.load(); }
 void hetsync_set_away_after(double seconds) { hetsync::GlobalAvailability().away_after = seconds; }
 int hetsync_engine_away() { return hetsync::Engine::Get().away() ? 1 : 0; }

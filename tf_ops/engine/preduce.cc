@@ -137,7 +137,7 @@ void PReduceOp::Start(EngineContext& ctx) {
   std::memcpy(mine_->signature, sig.data(), sig.size());
 
   // IN: from now on this rank keeps every message of the instance, whatever its availability.
-  ctx.control.Join(key_);
+  ctx.control.Join(ctx, key_);
   // Ranks known to have withdrawn in this session are neither sent to nor waited for.
   for (int r : group_) {
     if (r != ctx.rank && !ctx.done.count(r)) peers_.push_back(r);

@@ -1,0 +1,220 @@
+"""A Horovod Keras training script in the shape of Horovod's own TF2 Keras MNIST example, with one line changed.
+
+What a Horovod user has: Adam with the learning rate scaled by the number of workers, ``hvd.DistributedOptimizer``
+with ``backward_passes_per_step`` / ``average_aggregated_gradients``, ``BroadcastGlobalVariablesCallback(0)``,
+``MetricAverageCallback()``, ``LearningRateWarmupCallback``, ``ModelCheckpoint`` on rank 0, progress bars on rank 0.
+hetsync changes two lines: ``hetsync.init()`` after ``hvd.init()``, and the optimizer wrapper::
+
+    opt = hvd.DistributedOptimizer(opt, backward_passes_per_step=1, average_aggregated_gradients=True)
+    opt = hetsync.DistributedOptimizer(opt, sync=args.sync, backward_passes_per_step=1,          # <- this line
+                                       average_aggregated_gradients=True)
+
+The data is scikit-learn's bundled 8x8 digits (nothing is downloaded), shaped as images for a small CNN.
+
+Flags beyond Horovod's example turn on the situations hetsync must survive (tests/test_dropin.py runs them):
+``--slow-rank/--factor`` (one rank slower per step), ``--allreduce-every N`` (a custom callback calls
+``hvd.allreduce`` every N batches), ``--time-budget T0,T1,..`` (rank r stops after T_r seconds of its own clock),
+``--early-stop-rank R`` (EarlyStopping fires on rank R only), ``--uneven`` (rank r's epochs are shorter: uneven
+shards), ``--consensus`` (add keras_callbacks.Consensus), ``--refit`` (call fit a second time).
+
+    horovodrun --mpi -np 4 -H localhost:4 python examples/horovod_keras_mnist.py --sync ripples-smart
+"""
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import horovod.tensorflow as hvd_tf  # noqa: E402
+import horovod.tensorflow.keras as hvd  # noqa: E402
+
+import hetsync  # noqa: E402
+import keras_callbacks  # noqa: E402
+
+
+def parse():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sync", default="allreduce", help="hetsync mode (hetsync.available_modes())")
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--steps-per-epoch", type=int, default=40)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=0.002, help="Adam learning rate per worker (scaled by size)")
+    p.add_argument("--warmup-epochs", type=float, default=1)
+    p.add_argument("--compute", type=float, default=0.0, help="emulated compute seconds per step, every rank")
+    p.add_argument("--slow-rank", type=int, default=None)
+    p.add_argument("--factor", type=float, default=5.0)
+    p.add_argument("--base-time", type=float, default=0.01, help="normal step time the slowdown multiplies")
+    p.add_argument("--allreduce-every", type=int, default=0)
+    p.add_argument("--time-budget", default=None, help="comma-separated seconds per rank")
+    p.add_argument("--early-stop-rank", type=int, default=None)
+    p.add_argument("--uneven", action="store_true")
+    p.add_argument("--consensus", default=None, help="add keras_callbacks.Consensus(every=...): epoch, N or none")
+    p.add_argument("--refit", action="store_true", help="call fit again after the first one")
+    p.add_argument("--checkpoint-dir", default=None)
+    p.add_argument("--summary-dir", default=None, help="write summary<rank>.json here")
+    p.add_argument("--target-loss", type=float, default=None, help="exit 1 unless the final test loss reaches it")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args()
+
+
+def digits_images(seed):
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    x = (data.images / 16.0).astype("float32")[..., None]
+    y = data.target.astype("int64")
+    order = np.random.default_rng(seed).permutation(len(x))
+    x, y = x[order], y[order]
+    cut = int(0.8 * len(x))
+    return x[:cut], y[:cut], x[cut:], y[cut:]
+
+
+def build_model():
+    return tf.keras.Sequential([
+        tf.keras.layers.Input((8, 8, 1)),
+        tf.keras.layers.Conv2D(16, 3, activation="relu"),
+        tf.keras.layers.Conv2D(32, 3, activation="relu"),
+        tf.keras.layers.Flatten(),
+        tf.keras.layers.Dense(64, activation="relu"),
+        tf.keras.layers.Dense(10),
+    ])
+
+
+class PeriodicAllreduce(tf.keras.callbacks.Callback):
+    """A user's own global collective between steps: averages the batch loss with Horovod every N batches."""
+
+    def __init__(self, every):
+        super().__init__()
+        self.every, self.calls, self.count = every, 0, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.count += 1
+        if self.count % self.every == 0:
+            hvd.allreduce(tf.constant(float(logs.get("loss", 0.0))), name=f"user.loss.{self.calls}")
+            self.calls += 1
+
+
+class TimeBudget(tf.keras.callbacks.Callback):
+    """Stops this rank's training once its own clock passes ``seconds`` (each rank has its own budget)."""
+
+    def __init__(self, seconds):
+        super().__init__()
+        self.seconds, self.t0, self.stopped_at = seconds, None, None
+
+    def on_train_begin(self, logs=None):
+        self.t0 = time.monotonic()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.stopped_at is None and time.monotonic() - self.t0 > self.seconds:
+            self.model.stop_training = True
+            self.stopped_at = time.monotonic() - self.t0
+
+
+def consensus_callback(spec):
+    if spec is None:
+        return []
+    every = {"epoch": "epoch", "none": None}.get(spec, None if spec == "none" else spec)
+    return [keras_callbacks.Consensus(every=int(every) if isinstance(every, str) and every.isdigit() else every)]
+
+
+def weights_checksum(model):
+    flat = np.concatenate([w.ravel() for w in model.get_weights()]).astype(np.float32)
+    return hashlib.sha256(flat.tobytes()).hexdigest()[:16]
+
+
+def main():
+    args = parse()
+    hvd.init()
+    hetsync.init()
+    rank, size = hvd.rank(), hvd.size()
+    tf.keras.utils.set_random_seed(args.seed + rank)  # different initial weights: the broadcast must align them
+
+    x, y, xt, yt = digits_images(args.seed)
+    steps = args.steps_per_epoch - (3 * rank if args.uneven else 0)  # uneven shards: shorter epochs on high ranks
+    dataset = (tf.data.Dataset.from_tensor_slices((x[rank::size], y[rank::size]))
+               .repeat().shuffle(1000, seed=args.seed + rank).batch(args.batch_size))
+    model = build_model()
+
+    scaled_lr = args.lr * size
+    opt = tf.keras.optimizers.Adam(scaled_lr)
+    # Horovod: opt = hvd.DistributedOptimizer(opt, backward_passes_per_step=1, average_aggregated_gradients=True)
+    opt = hetsync.DistributedOptimizer(opt, sync=args.sync, backward_passes_per_step=1,
+                                       average_aggregated_gradients=True)
+    model.compile(loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), optimizer=opt,
+                  metrics=["accuracy"])
+
+    callbacks = [
+        hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+        hvd.callbacks.MetricAverageCallback(),
+        hvd.callbacks.LearningRateWarmupCallback(initial_lr=scaled_lr, warmup_epochs=args.warmup_epochs,
+                                                 steps_per_epoch=steps, verbose=0),
+    ]
+    if args.compute:
+        callbacks.append(keras_callbacks.EmulatedCompute(args.compute))
+    if args.slow_rank is not None:
+        callbacks.append(keras_callbacks.Slowdown("deterministic", ranks=[args.slow_rank], factor=args.factor,
+                                                  base_time=args.base_time))
+    user = PeriodicAllreduce(args.allreduce_every) if args.allreduce_every else None
+    callbacks += [user] if user else []
+    budget = None
+    if args.time_budget:
+        budget = TimeBudget(float(args.time_budget.split(",")[rank]))
+        callbacks.append(budget)
+    if args.early_stop_rank == rank:
+        # fires after the second epoch on this rank only: the loss never improves by 10
+        callbacks.append(tf.keras.callbacks.EarlyStopping(monitor="loss", min_delta=10.0, patience=1))
+    callbacks += consensus_callback(args.consensus)
+    if rank == 0 and args.checkpoint_dir:
+        callbacks.append(tf.keras.callbacks.ModelCheckpoint(
+            os.path.join(args.checkpoint_dir, "checkpoint-{epoch}.weights.h5"), save_weights_only=True))
+    verbose = 1 if rank == 0 and sys.stdout.isatty() else 0
+
+    t0 = time.time()
+    history = model.fit(dataset, steps_per_epoch=steps, callbacks=callbacks, epochs=args.epochs, verbose=verbose,
+                        validation_data=(xt, yt))
+    epochs_run = len(history.history.get("loss", []))
+    if args.refit:  # fit again afterwards: a fresh round of every guarantee
+        model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0,
+                  callbacks=[hvd.callbacks.MetricAverageCallback()] + consensus_callback(args.consensus))
+    train_time = time.time() - t0
+
+    # After training, as users do: evaluate with metric averaging; broadcast after loading rank 0's checkpoint.
+    loss, acc = model.evaluate(xt, yt, verbose=0)
+    avg_loss = float(hvd.allreduce(tf.constant(loss), name="final.loss"))
+    checksum = weights_checksum(model)  # the model fit left on this rank
+    if args.checkpoint_dir:
+        latest = os.path.join(args.checkpoint_dir, f"checkpoint-{epochs_run}.weights.h5")
+        if rank == 0:
+            model.load_weights(latest)
+        hvd_tf.broadcast_variables(model.variables, root_rank=0)
+    summary = {
+        "rank": rank, "sync": args.sync, "loss": float(loss), "accuracy": float(acc), "avg_loss": avg_loss,
+        "epochs_run": epochs_run, "steps_per_epoch": steps, "train_time_s": train_time,
+        "iterations": int(opt.iterations.numpy()), "weights_checksum": checksum,
+        "after_checkpoint_broadcast_checksum": weights_checksum(model),
+        "user_allreduces": user.calls if user else 0,
+        "stopped_by_budget_at_s": budget.stopped_at if budget else None,
+        "engine": hetsync.ops.engine_stats(),
+        "algorithm": opt._hetsync_algorithm.metrics(),
+    }
+    print(f"rank {rank}: sync={args.sync} epochs={epochs_run} test loss {loss:.4f} acc {acc:.3f} "
+          f"iterations {summary['iterations']} train {train_time:.1f}s checksum {checksum}",
+          flush=True)
+    if args.summary_dir:
+        os.makedirs(args.summary_dir, exist_ok=True)
+        with open(os.path.join(args.summary_dir, f"summary{rank}.json"), "w") as f:
+            json.dump(summary, f, indent=1, default=str)
+    hetsync.shutdown()
+    if args.target_loss is not None and loss > args.target_loss:
+        print(f"rank {rank}: test loss {loss:.4f} did not reach the target {args.target_loss}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""The drop-in guarantees (README, "Guarantees"), as a user meets them: examples/horovod_keras_mnist.py -- a script
+with the structure of Horovod's own Keras MNIST example, one line changed -- on 4 real ranks, under every mode.
+
+1. One rank 5x slower, Horovod's callbacks (broadcast, metric averaging, LR warm-up, ModelCheckpoint on rank 0),
+   validation every epoch, and a user callback calling ``hvd.allreduce`` every 7 batches: exit 0 everywhere, no
+   Horovod stall, one model on every rank, rank 0's checkpoints, a loss target.
+2. Ranks that stop on their own clocks: per-rank time budgets (ranks 0 and 3, rank 3 also 5x slower),
+   EarlyStopping on rank 1 only, uneven shards (rank r has 3r fewer batches per epoch), the user's allreduce every
+   7 batches, ``fit`` called again afterwards -- with and without keras_callbacks.Consensus.
+
+Nothing is timed: a wait on a rank that is not coming would hang until HETSYNC_TIMEOUT (60 s here) and fail.
+"""
+import json
+
+import pytest
+
+from conftest import mpi_env, run_mpi
+
+from hetsync.algorithms import available_modes
+
+MODES = available_modes()
+SCRIPT = "examples/horovod_keras_mnist.py"
+
+
+def summaries(path):
+    return [json.load(open(path / f"summary{r}.json")) for r in range(4)]
+
+
+def check_clean(proc, out):
+    assert proc.returncode == 0, proc.stdout[-8000:]
+    assert "Stalled ranks" not in proc.stdout and "stall" not in proc.stdout.lower(), proc.stdout[-8000:]
+    runs = summaries(out)
+    assert len({s["weights_checksum"] for s in runs}) == 1, [s["weights_checksum"] for s in runs]
+    assert len({s["epochs_run"] for s in runs}) == 1, [s["epochs_run"] for s in runs]
+    assert len({s["user_allreduces"] for s in runs}) == 1, [s["user_allreduces"] for s in runs]
+    assert all(s["engine"]["failed"] == 0 for s in runs)
+    return runs
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_horovod_example_with_a_slow_rank_and_user_collectives(mode, tmp_path):
+    proc = run_mpi(4, SCRIPT, "--sync", mode, "--slow-rank", 3, "--factor", 5, "--allreduce-every", 7,
+                   "--epochs", 4, "--steps-per-epoch", 40, "--checkpoint-dir", tmp_path, "--summary-dir", tmp_path,
+                   "--target-loss", 0.3, launcher="horovodrun", timeout=400, env=mpi_env(HETSYNC_TIMEOUT=60))
+    runs = check_clean(proc, tmp_path)
+    assert runs[0]["user_allreduces"] == 4 * 40 // 7
+    assert all(s["loss"] <= 0.3 for s in runs), [s["loss"] for s in runs]
+    # rank 0's checkpoint of the last epoch is the model every rank ended with (the epoch-end consensus)
+    assert all((tmp_path / f"checkpoint-{e}.weights.h5").exists() for e in range(1, 5))
+    assert {s["after_checkpoint_broadcast_checksum"] for s in runs} == {runs[0]["weights_checksum"]}
+
+
+@pytest.mark.parametrize("consensus", [None, "5"], ids=["no-consensus-callback", "consensus-every-5"])
+@pytest.mark.parametrize("mode", MODES)
+def test_ranks_stopping_on_their_own_clocks(mode, consensus, tmp_path):
+    args = ["--sync", mode, "--slow-rank", 3, "--factor", 5, "--epochs", 4, "--steps-per-epoch", 24,
+            "--time-budget", "3,60,60,6", "--early-stop-rank", 1, "--uneven", "--allreduce-every", 7, "--refit",
+            "--summary-dir", tmp_path]
+    if consensus:
+        args += ["--consensus", consensus]
+    proc = run_mpi(4, SCRIPT, *args, launcher="horovodrun", timeout=400, env=mpi_env(HETSYNC_TIMEOUT=60))
+    runs = check_clean(proc, tmp_path)
+    assert runs[0]["stopped_by_budget_at_s"] is not None and runs[3]["stopped_by_budget_at_s"] is not None
+    assert runs[1]["stopped_by_budget_at_s"] is None and runs[2]["stopped_by_budget_at_s"] is None
+    # every rank ran the same epochs (idle ranks step along); the user's collectives ran as often everywhere
+    assert runs[0]["epochs_run"] == 4, runs[0]["epochs_run"]
+    if mode != "allreduce":
+        # decentralized: a stopped rank trains no more; rank 1 stopped after 2 epochs (EarlyStopping), rank 2 ran
+        # every one of its own steps (24 - 3 * 2 = 18 per epoch, 4 epochs + 1 refit epoch)
+        assert runs[2]["iterations"] == 5 * 18, runs[2]["iterations"]
+        assert runs[1]["iterations"] < runs[2]["iterations"], [s["iterations"] for s in runs]
+        assert runs[0]["iterations"] < runs[2]["iterations"], [s["iterations"] for s in runs]
