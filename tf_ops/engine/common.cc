@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <immintrin.h>
 #include <cstdio>
 #include <set>
 #include <sstream>
@@ -133,6 +134,60 @@ uint16_t FloatToHalf(float f) {
   uint32_t rest = absx & 0x1fff;
   if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) ++h;
   return static_cast<uint16_t>(sign | h);
+}
+
+namespace {
+
+bool HasF16c() {
+  static const bool has = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  return has;
+}
+
+__attribute__((target("avx,f16c"))) void FloatsToHalvesF16c(const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), h);
+  }
+  for (; i < n; ++i) dst[i] = FloatToHalf(src[i]);
+}
+
+__attribute__((target("avx,f16c"))) void HalvesToFloatsF16c(const uint16_t* src, float* dst, int64_t n, float by) {
+  const __m256 d = _mm256_set1_ps(by);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 f = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+    _mm256_storeu_ps(dst + i, _mm256_div_ps(f, d));
+  }
+  for (; i < n; ++i) dst[i] = HalfToFloat(src[i]) / by;
+}
+
+__attribute__((target("avx,f16c"))) void AddHalvesF16c(const uint16_t* in, uint16_t* inout, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 a = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i)));
+    __m256 b = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(inout + i)));
+    __m128i h = _mm256_cvtps_ph(_mm256_add_ps(a, b), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(inout + i), h);
+  }
+  for (; i < n; ++i) inout[i] = FloatToHalf(HalfToFloat(in[i]) + HalfToFloat(inout[i]));
+}
+
+}  // namespace
+
+void FloatsToHalves(const float* src, uint16_t* dst, int64_t n) {
+  if (HasF16c()) return FloatsToHalvesF16c(src, dst, n);
+  for (int64_t i = 0; i < n; ++i) dst[i] = FloatToHalf(src[i]);
+}
+
+void HalvesToFloats(const uint16_t* src, float* dst, int64_t n, float divide_by) {
+  if (HasF16c()) return HalvesToFloatsF16c(src, dst, n, divide_by);
+  for (int64_t i = 0; i < n; ++i) dst[i] = HalfToFloat(src[i]) / divide_by;
+}
+
+void AddHalves(const uint16_t* in, uint16_t* inout, int64_t n) {
+  if (HasF16c()) return AddHalvesF16c(in, inout, n);
+  for (int64_t i = 0; i < n; ++i) inout[i] = FloatToHalf(HalfToFloat(in[i]) + HalfToFloat(inout[i]));
 }
 
 }  // namespace hetsync

@@ -43,6 +43,10 @@ enum class DataType : int32_t { kFloat32 = 1, kFloat64 = 2, kInt32 = 3, kInt64 =
 // IEEE half <-> float, round to nearest even (no TF/Eigen here: the engine is framework-free).
 float HalfToFloat(uint16_t h);
 uint16_t FloatToHalf(float f);
+// Array versions (F16C/AVX when the CPU has them, else the scalar ones): the fp16 wire path converts whole buffers.
+void FloatsToHalves(const float* src, uint16_t* dst, int64_t n);
+void HalvesToFloats(const uint16_t* src, float* dst, int64_t n, float divide_by);
+void AddHalves(const uint16_t* in, uint16_t* inout, int64_t n);  // inout += in, rounded to half
 
 const char* DataTypeName(DataType t);  // "float32", ... ; "dtype(<n>)" for unknown values
 size_t DataTypeSize(DataType t);       // 0 for unknown values

@@ -23,9 +23,7 @@ MPI_Datatype ToMpi(DataType t) {
 
 // MPI has no half type: sum IEEE halves through float (exact for two operands, then rounded once).
 void HalfSum(void* in, void* inout, int* len, MPI_Datatype*) {
-  auto* a = static_cast<const uint16_t*>(in);
-  auto* b = static_cast<uint16_t*>(inout);
-  for (int i = 0; i < *len; ++i) b[i] = FloatToHalf(HalfToFloat(a[i]) + HalfToFloat(b[i]));
+  AddHalves(static_cast<const uint16_t*>(in), static_cast<uint16_t*>(inout), *len);
 }
 
 MPI_Op HalfSumOp() {

@@ -74,10 +74,8 @@ void CopyOutDivided(const W* src, T* dst, int64_t n, int by) {
   for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(src[i]) / d;
 }
 
-template <typename T>
-void CopyOutHalf(const uint16_t* src, T* dst, int64_t n, int by) {
-  const float d = static_cast<float>(by);
-  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(HalfToFloat(src[i]) / d);
+void CopyOutHalf(const uint16_t* src, float* dst, int64_t n, int by) {
+  HalvesToFloats(src, dst, n, static_cast<float>(by));
 }
 
 class PReduceKernel : public AsyncOpKernel {
@@ -146,7 +144,7 @@ class PReduceKernel : public AsyncOpKernel {
         if (wire_half_) {
           const float* src = in.flat<float>().data();
           auto* h = reinterpret_cast<uint16_t*>(dst);
-          for (int64_t k = 0; k < n; ++k) h[k] = FloatToHalf(src[k]);
+          FloatsToHalves(src, h, n);
           dst += n * 2;
         } else {
           if (n) std::memcpy(dst, in.data(), n * esize);
