@@ -132,8 +132,6 @@ class SyncPoints(_callback_base()):
         self.own_steps = None       # this rank's own steps per epoch, when fewer than the job's (uneven shards)
         self._batch = 0             # train-function calls in this epoch
         self._padding = False       # idle for the rest of this epoch only (past own_steps)
-        self.all_idle = False       # the last sync point found every rank idle
-        self.idle_steps = 0
         self._synced_this_epoch = False
         self._steps_since_sync = 0
 
@@ -152,7 +150,6 @@ class SyncPoints(_callback_base()):
                     ops.pin_away(True)
                     self.algorithm.on_idle()
             if self.idle or self._padding:
-                self.idle_steps += 1
                 logs = self.algorithm.idle_step(fn, iterator)
                 if logs is None:  # decentralized: nothing ran; Keras wants logs: the metrics as they stand
                     return {m.name: m.result() for m in model.metrics}
@@ -172,9 +169,8 @@ class SyncPoints(_callback_base()):
     def on_train_begin(self, logs=None):
         from hetsync import ops
 
-        self.idle = self.all_idle = self._padding = False
+        self.idle = self._padding = False
         ops.pin_away(False)
-        self.idle_steps = 0
         self._steps_since_sync = 0
         self._wrap_train_function()
         ops.set_availability(ops.BETWEEN)
@@ -247,8 +243,8 @@ class SyncPoints(_callback_base()):
         average = (self.every is None and self.at_end) if final else self.every is not None
         _debug(f"sync point {self.rounds} (idle={self.idle}, weight={weight}, final={final})")
         out = self.idle or (mid_epoch and self._padding)
-        self.all_idle = sync_point(self.model, self.algorithm, idle=out, weight=weight, average=average,
-                                   name=f"hetsync.sync.{self.rounds}")
+        sync_point(self.model, self.algorithm, idle=out, weight=weight, average=average,
+                   name=f"hetsync.sync.{self.rounds}")
         self.rounds += 1
         self._steps_since_sync = 0
         if not out:
