@@ -11,15 +11,14 @@ from hetsync.algorithms.base import SyncAlgorithm
 class DecentralizedAlgorithm(SyncAlgorithm):
     """Withdraws from P-Reduce for each consensus round and rejoins after it."""
 
-    def on_idle(self):
-        from hetsync import ops
-
-        ops.withdraw()
-
     def on_consensus_begin(self):
         from hetsync import ops
 
         ops.withdraw()
+
+    def on_idle(self):
+        """Stopped while others train on: leave the mode's collectives exactly as for a consensus round."""
+        self.on_consensus_begin()
 
     def on_consensus_end(self, finished):
         from hetsync import ops

@@ -139,11 +139,6 @@ class GroupGeneratorAlgorithm(DecentralizedAlgorithm):
     def _leave_gg(self):
         self.client.finish_and_drain(self._p_reduce_group)
 
-    def on_idle(self):
-        self._paused.set()
-        self._leave_gg()
-        super().on_idle()
-
     def on_consensus_begin(self):
         self._paused.set()
         self._leave_gg()

@@ -154,8 +154,7 @@ void ControlPlane::Join(EngineContext& ctx, const InstanceKey& key) {
   has_active_ = true;
   // Seqs of a stream increase on every rank, so a rank that starts seq q skipped every older one it did not join
   // (e.g. the static schedule's iterations drift apart with uneven epochs): answer their headers as late.
-  if (key.seq > INT64_MIN) Resolve(ctx, InstanceKey{key.stream, key.seq - 1});
-  has_active_ = true;
+  if (key.seq > INT64_MIN) Resolve(ctx, InstanceKey{key.stream, key.seq - 1});  // leaves active_ alone
 }
 
 bool ControlPlane::TakeDecidedOut(const InstanceKey& key) { return decided_out_.erase(key) > 0; }
