@@ -1,10 +1,12 @@
-"""Python side of hetsync's C++ engine: P-Reduce (Ripples §3.2/§6.1), availability, and the engine controls.
+"""Python side of hetsync's C++ engine: P-Reduce (Ripples §3.2/§6.1), partial allreduce (eager-SGD §4-§5.1),
+availability, and the engine controls.
 
 Everything here is a thin wrapper around the ops in ``hetsync/_lib/hetsync_ops.so`` (built from ``tf_ops/``).
 The engine itself is described in docs/engine.md. This module deliberately imports nothing from the rest of
 ``hetsync``: the world rank/size come from the engine's own ``HetsyncEngineInfo`` op.
 """
 import atexit
+import collections
 import ctypes
 import os
 
@@ -36,11 +38,14 @@ _clib.hetsync_get_availability.restype = ctypes.c_int
 _clib.hetsync_set_away_after.argtypes = [ctypes.c_double]
 _clib.hetsync_engine_away.restype = ctypes.c_int
 _clib.hetsync_pin_away.argtypes = [ctypes.c_int]
+_clib.hetsync_majority_initiator.argtypes = [ctypes.c_uint64, ctypes.c_char_p, ctypes.c_int64, ctypes.c_int]
+_clib.hetsync_majority_initiator.restype = ctypes.c_int
 
 # Order of the HetsyncEngineStats vector (tf_ops/engine/engine.cc, kStatNames).
 STAT_NAMES = ("preduces", "bytes", "cache_hits", "cache_misses", "cache_size", "uncached_creations",
               "withdrawals_seen", "session", "withdrawn", "failed", "away_events", "self_excluded",
-              "peers_excluded", "away", "wire_bytes")
+              "peers_excluded", "away", "wire_bytes", "partial_rounds", "partial_contributed",
+              "partial_staleness_sum", "partial_included", "partial_missed", "partial_pending", "partial_schedules")
 
 # Availability (tf_ops/engine/control.h): where this rank's Python thread is.
 IN_STEP, BETWEEN, AWAY = 0, 1, 2
@@ -250,3 +255,94 @@ def p_reduce(tensors, group, timeout=None, name=None, instance=None, compression
                 results[i] = tf.cast(out, items[i].dtype) if items[i].dtype != wire else out
             previous = list(outs)
     return results[0] if single else results
+
+
+PARTIAL_MODES = ("solo", "majority")
+
+
+class PartialResult(collections.namedtuple(
+        "PartialResult", ["tensors", "included", "nap", "round", "initiator", "staleness", "contributors"])):
+    """What one partial_allreduce call returns (eager-SGD §5.1, the ADS response).
+
+    tensors: the average of the contributions in the returned round (a tensor, or a list like the input).
+    included: bool tensor, True when this call's tensors are in that average (else they wait in the send buffer
+      and go with the next round this rank's progress thread takes part in).
+    nap: number of ranks whose data is in the average ("number of active processes").
+    round: the round's index; initiator: majority: the designated rank, solo: the first initiator this rank saw.
+    staleness: when included, rounds the oldest gradients in this rank's contribution waited (0: fresh), else -1.
+    contributors: int32 [world size] flags, 1 for each rank whose data is in the average.
+    """
+
+
+def _splitmix64(x):
+    mask = (1 << 64) - 1
+    x = (x + 0x9E3779B97F4A7C15) & mask
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+    return x ^ (x >> 31)
+
+
+def _fnv1a64(data):
+    h = 1469598103934665603
+    for b in data:
+        h = ((h ^ b) * 1099511628211) & ((1 << 64) - 1)
+    return h
+
+
+def majority_initiator(seed, name, round_, size):
+    """The rank majority mode designates to initiate ``round_`` of collective ``name`` (eager-SGD §4.2): every
+    rank computes the same one from the shared seed.  Pure Python; the engine's C++ computes the same."""
+    x = (seed & ((1 << 64) - 1)) ^ _fnv1a64(name.encode()) ^ ((round_ * 0x9E3779B97F4A7C15) & ((1 << 64) - 1))
+    return _splitmix64(x) % size
+
+
+def engine_majority_initiator(seed, name, round_, size):
+    """The engine's own answer for majority_initiator (for tests)."""
+    return int(_clib.hetsync_majority_initiator(seed & ((1 << 64) - 1), name.encode(), int(round_), int(size)))
+
+
+def partial_allreduce(tensors, mode="solo", name="partial_allreduce", seed=0, timeout=None):
+    """eager-SGD's partial allreduce: average ``tensors`` with whichever ranks' data is there (§4, §5.1).
+
+    Every rank runs every round of the collective ``name`` on its progress thread, passively when its Python thread
+    is elsewhere, with what its send buffer holds: the tensors of earlier calls no round took yet (stale), or
+    nothing.  A call adds ``tensors`` to the send buffer, then
+      - if a round ran since this rank's previous call: returns that round's result at once (``included`` False,
+        the tensors wait for the next round);
+      - else ``mode="solo"``: activates the next round itself; ``mode="majority"``: waits until the rank a seeded
+        RNG designates for the round calls (or is away: then that rank's engine activates it) -- the round
+        includes the tensors (``included`` True).
+    All ranks that return a round get the same average.  Works eagerly and inside ``tf.function``.
+
+    Args:
+      tensors: a float32/float64 tensor or a list of them (one dtype per call; shapes fixed per name).
+      mode: "solo" or "majority".
+      name: the persistent schedule; every rank must use the same tensors, mode and seed under one name.
+      seed: majority: the shared seed of the initiator sequence (see majority_initiator).
+      timeout: seconds before a round that cannot run fails (a rank's engine gone; majority: the designated rank
+        never came); None: the engine default.
+
+    Returns a PartialResult.
+    """
+    if mode not in PARTIAL_MODES:
+        raise ValueError(f"partial_allreduce mode must be one of {PARTIAL_MODES}, got {mode!r}")
+    if not isinstance(name, str) or not 0 < len(name) < 64:
+        raise ValueError(f"partial_allreduce name must be a string of 1 to 63 characters, got {name!r}")
+    if not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    timeout_s = -1.0 if timeout is None else float(timeout)
+    if timeout is not None and timeout_s <= 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+    single = not isinstance(tensors, (list, tuple))
+    items = [tf.convert_to_tensor(t) for t in ([tensors] if single else tensors)]
+    if not items:
+        raise ValueError("partial_allreduce needs at least one tensor")
+    dtypes = {t.dtype for t in items}
+    if len(dtypes) != 1 or items[0].dtype not in (tf.float32, tf.float64):
+        raise TypeError(f"partial_allreduce needs float32 or float64 tensors of one dtype, got "
+                        f"{sorted(d.name for d in dtypes)}")
+    outs = _lib.hetsync_partial_allreduce(tensors=items, collective=name, mode=mode, seed=seed,
+                                          timeout_seconds=timeout_s)
+    averaged, info, contributors = list(outs[0]), outs[1], outs[2]
+    return PartialResult(averaged[0] if single else averaged, tf.cast(info[0], tf.bool), info[1], info[2], info[3],
+                         info[4], contributors)

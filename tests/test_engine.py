@@ -31,3 +31,13 @@ def test_withdrawal_sessions_timeout_and_restart():
 def test_availability_exclusion_exclude_op_late_headers_and_fp16():
     proc = run_mpi(4, "tests/mpi/engine_away.py", timeout=180)
     assert_ok(proc, 4)
+
+
+def test_partial_allreduce_solo_majority_persistent_mismatch_dead_rank():
+    proc = run_mpi(4, "tests/mpi/engine_partial.py", timeout=240)
+    assert_ok(proc, 4)
+
+
+def test_partial_allreduce_non_power_of_two_world():
+    proc = run_mpi(3, "tests/mpi/engine_partial.py", "quick", timeout=240)
+    assert_ok(proc, 3)

@@ -9,7 +9,8 @@ namespace hetsync {
 const char* const kStatNames[kNumStats] = {
     "preduces", "bytes",     "cache_hits",  "cache_misses",  "cache_size",     "uncached_creations", "withdrawals_seen",
     "session",  "withdrawn", "failed",      "away_events",   "self_excluded",  "peers_excluded",     "away",
-    "wire_bytes"};
+    "wire_bytes", "partial_rounds", "partial_contributed", "partial_staleness_sum", "partial_included",
+    "partial_missed", "partial_pending", "partial_schedules"};
 
 namespace {
 
@@ -132,6 +133,11 @@ Status Engine::Start(double timeout_seconds, int cache_size) {
   counters_.peers_excluded = 0;
   counters_.away = 0;
   counters_.wire_bytes = 0;
+  for (auto* c : {&counters_.partial_rounds, &counters_.partial_contributed, &counters_.partial_staleness_sum,
+                  &counters_.partial_included, &counters_.partial_missed, &counters_.partial_pending,
+                  &counters_.partial_schedules}) {
+    *c = 0;
+  }
   ctx_.counters = &counters_;
   backend_ = std::make_unique<MpiBackend>(comm, cache_size);
   ctx_.backend = backend_.get();
@@ -142,6 +148,7 @@ Status Engine::Start(double timeout_seconds, int cache_size) {
     queue_.clear();
   }
   ctx_.control.Start(ctx_);
+  ctx_.partial.Start(ctx_);
   thread_ = std::thread([this] { Loop(); });
   running_ = true;
   return Status::OK();
@@ -170,7 +177,7 @@ void Engine::Loop() {
     std::deque<std::shared_ptr<Operation>> incoming;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      if (active.empty() && serial_waiting.empty() && queue_.empty() && !stop_ && idle_rounds > 16) {
+      if (active.empty() && serial_waiting.empty() && queue_.empty() && !stop_ && idle_rounds > 16 && !ctx_.busy_) {
         // Idle: sleep until work arrives, but wake every millisecond: the control plane must answer peers'
         // headers (EXCLUDE while this rank is away) even when this rank has nothing of its own to do.
         cv_.wait_for(lock, std::chrono::milliseconds(1), [this] { return stop_ || !queue_.empty(); });
@@ -181,6 +188,7 @@ void Engine::Loop() {
     ctx_.progressed_ = false;
     ctx_.busy_ = false;
     if (ctx_.control.Poll(ctx_)) ctx_.MarkProgress();
+    if (ctx_.partial.Poll(ctx_)) ctx_.MarkProgress();  // rounds run here whether or not this rank called
     for (auto& op : incoming) {
       if (op->Serial()) {
         serial_waiting.push_back(std::move(op));
@@ -296,7 +304,10 @@ Status Engine::Shutdown(bool drain) {
   {
     int fin_now = 0;
     MPI_Finalized(&fin_now);
-    if (!fin_now) ctx_.control.Stop(ctx_);
+    if (!fin_now) {
+      ctx_.control.Stop(ctx_);
+      ctx_.partial.Stop(ctx_);
+    }
   }
   last_backend_stats_ = backend_->Stats();
   int fin = 0;
@@ -337,6 +348,13 @@ EngineStats Engine::Stats() const {
   s.values[12] = counters_.peers_excluded;
   s.values[13] = counters_.away;
   s.values[14] = counters_.wire_bytes;
+  s.values[15] = counters_.partial_rounds;
+  s.values[16] = counters_.partial_contributed;
+  s.values[17] = counters_.partial_staleness_sum;
+  s.values[18] = counters_.partial_included;
+  s.values[19] = counters_.partial_missed;
+  s.values[20] = counters_.partial_pending;
+  s.values[21] = counters_.partial_schedules;
   return s;
 }
 

@@ -25,6 +25,7 @@
 #include "engine/backend.h"
 #include "engine/common.h"
 #include "engine/control.h"
+#include "engine/partial.h"
 
 namespace hetsync {
 
@@ -47,10 +48,18 @@ struct EngineCounters {
   std::atomic<int64_t> peers_excluded{0};  // members missing from this rank's instances (EXCLUDE or DONE)
   std::atomic<int64_t> away{0};            // 1 while this rank counts as away
   std::atomic<int64_t> wire_bytes{0};      // bytes this rank's data phases reduced (after compression)
+  // Partial allreduce (partial.h)
+  std::atomic<int64_t> partial_rounds{0};         // rounds this rank took part in (with or without a call)
+  std::atomic<int64_t> partial_contributed{0};    // rounds that carried this rank's data (actively or passively)
+  std::atomic<int64_t> partial_staleness_sum{0};  // over those: rounds the oldest part of the data waited
+  std::atomic<int64_t> partial_included{0};       // calls whose tensors are in the round they returned
+  std::atomic<int64_t> partial_missed{0};         // calls that came late (tensors kept for the next round)
+  std::atomic<int64_t> partial_pending{0};        // activations/arrivals buffered + requests in flight
+  std::atomic<int64_t> partial_schedules{0};      // persistent schedules on this rank
 };
 
 // Snapshot returned by Engine::Stats(); the order of kStatNames is the order of the TF stats vector.
-constexpr int kNumStats = 15;
+constexpr int kNumStats = 22;
 struct EngineStats {
   int64_t values[kNumStats] = {0};
 };
@@ -72,6 +81,7 @@ class EngineContext {
   std::set<int> done;      // ranks that withdrew in this session
   bool withdrawn = false;  // this rank withdrew in this session
   ControlPlane control;    // the mailbox and this rank's availability (control.h)
+  PartialCollectives partial;  // persistent partial-allreduce schedules (partial.h)
   std::map<uint64_t, int64_t> implicit_seq;  // per-group call counters: implicit instance keys
 
   // ---- failure: after a timeout, stale control messages may be in flight, so every later op fails fast ----

@@ -3,6 +3,9 @@
 #define HETSYNC_KERNELS_CONVERT_H_
 
 #include "engine/common.h"
+#include <string>
+
+#include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/types.h"
 #include "tensorflow/core/platform/status.h"
 
@@ -21,6 +24,18 @@ inline bool FromTf(tensorflow::DataType t, DataType* out) {
     case tensorflow::DT_INT64: *out = DataType::kInt64; return true;
     default: return false;
   }
+}
+
+// "[(2, 5), (3,), ()]": Python tuple notation, so the mismatch message reads like the user's shapes.
+inline std::string ShapeSignature(tensorflow::OpKernelContext* ctx, int n) {
+  std::string s = "[";
+  for (int i = 0; i < n; ++i) {
+    const auto& shape = ctx->input(i).shape();
+    s += i ? ", (" : "(";
+    for (int d = 0; d < shape.dims(); ++d) s += (d ? ", " : "") + std::to_string(shape.dim_size(d));
+    s += shape.dims() == 1 ? ",)" : ")";
+  }
+  return s + "]";
 }
 
 }  // namespace hetsync

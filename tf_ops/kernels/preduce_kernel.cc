@@ -47,18 +47,6 @@ wire_half: float32 only: travel and sum as IEEE float16 (Horovod's Compression.f
 instance: [stream, seq] naming the instance all members agree on; stream 0: implicit (n-th call for this group).
 )doc");
 
-// "[(2, 5), (3,), ()]": Python tuple notation, so the mismatch message reads like the user's shapes.
-std::string ShapeSignature(OpKernelContext* ctx, int n) {
-  std::string s = "[";
-  for (int i = 0; i < n; ++i) {
-    const auto& shape = ctx->input(i).shape();
-    s += i ? ", (" : "(";
-    for (int d = 0; d < shape.dims(); ++d) s += (d ? ", " : "") + std::to_string(shape.dim_size(d));
-    s += shape.dims() == 1 ? ",)" : ")";
-  }
-  return s + "]";
-}
-
 template <typename T>
 void DivideInPlace(T* p, int64_t n, int by) {
   // Integers: C++ division truncates toward zero (so -3 / 2 == -1, unlike numpy's floor division).

@@ -1,0 +1,52 @@
+// PartialAllreduceOp: one call of a partial allreduce (eager-SGD §5.1 ADS object: the response is the round's
+// update and whether this call's proposal is in it). The schedules themselves run without calls (partial.h).
+#ifndef HETSYNC_ENGINE_PARTIAL_OP_H_
+#define HETSYNC_ENGINE_PARTIAL_OP_H_
+
+#include <memory>
+#include <string>
+
+#include "engine/engine.h"
+#include "engine/partial.h"
+
+namespace hetsync {
+
+class PartialSchedule;
+
+class PartialAllreduceOp : public Operation {
+ public:
+  // `in` holds spec.count elements (this call's proposal) and is read in Start; `out` receives the round's SUM of
+  // contributions (the caller divides by result->nap). `keepalive` owns both. timeout_seconds <= 0: engine default.
+  PartialAllreduceOp(PartialSpec spec, double timeout_seconds, const void* in, void* out,
+                     std::shared_ptr<void> keepalive, std::shared_ptr<PartialResult> result, Callback cb)
+      : Operation(std::move(cb)),
+        spec_(std::move(spec)),
+        timeout_(timeout_seconds),
+        in_(in),
+        out_(out),
+        keepalive_(std::move(keepalive)),
+        result_(std::move(result)) {}
+
+  const char* Name() const override { return "PartialAllreduce"; }
+  void Start(EngineContext& ctx) override;
+  bool Progress(EngineContext& ctx) override;
+
+ private:
+  bool Deliver(EngineContext& ctx, bool included);
+  bool Error(Code code, const std::string& why);
+
+  PartialSpec spec_;
+  double timeout_;
+  const void* in_;
+  void* out_;
+  std::shared_ptr<void> keepalive_;
+  std::shared_ptr<PartialResult> result_;
+  PartialSchedule* sched_ = nullptr;
+  int64_t wait_round_ = -1;
+  bool late_ = false;
+  Clock::time_point deadline_;
+};
+
+}  // namespace hetsync
+
+#endif  // HETSYNC_ENGINE_PARTIAL_OP_H_
