@@ -107,11 +107,15 @@ def _with_sync_points(original, model, args, kwargs, algorithm):
     return arguments
 
 
-def _consensus_options(user_callbacks):
+def _consensus_options(user_callbacks, algorithm=None):
+    """(every, at_end): a user's Consensus callback decides; else the mode's own ``consensus_every`` (eager-SGD's
+    model_sync_every: batches between mid-epoch averages), else epoch ends only."""
     from keras_callbacks.consensus import Consensus
 
     found = [cb for cb in user_callbacks if isinstance(cb, Consensus)]
-    return (found[0].every, found[0].at_end) if found else ("epoch", True)
+    if found:
+        return found[0].every, found[0].at_end
+    return getattr(algorithm, "consensus_every", None) or "epoch", True
 
 
 def _callback_base():
@@ -126,7 +130,7 @@ class SyncPoints(_callback_base()):
     def __init__(self, algorithm, user_callbacks=()):
         super().__init__()
         self.algorithm = algorithm
-        self.every, self.at_end = _consensus_options(user_callbacks)
+        self.every, self.at_end = _consensus_options(user_callbacks, algorithm)
         self.rounds = 0
         self.idle = False           # this rank stopped; it steps through the rest of fit without training
         self.own_steps = None       # this rank's own steps per epoch, when fewer than the job's (uneven shards)

@@ -301,7 +301,7 @@ def engine_majority_initiator(seed, name, round_, size):
     return int(_clib.hetsync_majority_initiator(seed & ((1 << 64) - 1), name.encode(), int(round_), int(size)))
 
 
-def partial_allreduce(tensors, mode="solo", name="partial_allreduce", seed=0, timeout=None):
+def partial_allreduce(tensors, mode="solo", name="partial_allreduce", seed=0, timeout=None, compression=None):
     """eager-SGD's partial allreduce: average ``tensors`` with whichever ranks' data is there (§4, §5.1).
 
     Every rank runs every round of the collective ``name`` on its progress thread, passively when its Python thread
@@ -321,6 +321,8 @@ def partial_allreduce(tensors, mode="solo", name="partial_allreduce", seed=0, ti
       seed: majority: the shared seed of the initiator sequence (see majority_initiator).
       timeout: seconds before a round that cannot run fails (a rank's engine gone; majority: the designated rank
         never came); None: the engine default.
+      compression: None / 'fp16' / ``hvd.Compression.fp16``: float32 data travels and is summed as float16 (the
+        send buffer, where stale gradients accumulate, stays float32).
 
     Returns a PartialResult.
     """
@@ -341,8 +343,9 @@ def partial_allreduce(tensors, mode="solo", name="partial_allreduce", seed=0, ti
     if len(dtypes) != 1 or items[0].dtype not in (tf.float32, tf.float64):
         raise TypeError(f"partial_allreduce needs float32 or float64 tensors of one dtype, got "
                         f"{sorted(d.name for d in dtypes)}")
+    half = _wire_half(compression) and items[0].dtype == tf.float32
     outs = _lib.hetsync_partial_allreduce(tensors=items, collective=name, mode=mode, seed=seed,
-                                          timeout_seconds=timeout_s)
+                                          timeout_seconds=timeout_s, wire_half=half)
     averaged, info, contributors = list(outs[0]), outs[1], outs[2]
     return PartialResult(averaged[0] if single else averaged, tf.cast(info[0], tf.bool), info[1], info[2], info[3],
                          info[4], contributors)

@@ -6,7 +6,7 @@ with the structure of Horovod's own Keras MNIST example, one line changed -- on 
    Horovod stall, one model on every rank, rank 0's checkpoints, a loss target.
 2. Ranks that stop on their own clocks: per-rank time budgets (ranks 0 and 3, rank 3 also 5x slower),
    EarlyStopping on rank 1 only, uneven shards (rank r has 3r fewer batches per epoch), the user's allreduce every
-   7 batches, ``fit`` called again afterwards -- with and without keras_callbacks.Consensus.
+   7 batches, ``fit`` called again afterwards -- in every mode, and with keras_callbacks.Consensus for two.
 
 Nothing is timed: a wait on a rank that is not coming would hang until HETSYNC_TIMEOUT (60 s here) and fail.
 """
@@ -50,8 +50,13 @@ def test_horovod_example_with_a_slow_rank_and_user_collectives(mode, tmp_path):
     assert {s["after_checkpoint_broadcast_checksum"] for s in runs} == {runs[0]["weights_checksum"]}
 
 
-@pytest.mark.parametrize("consensus", [None, "5"], ids=["no-consensus-callback", "consensus-every-5"])
-@pytest.mark.parametrize("mode", MODES)
+# Once per mode without a hetsync callback; the Consensus(every=5) variant once, for a mode that leaves and rejoins
+# its group collectives at each round (Ripples) and one whose partial collectives run through it (eager-SGD).
+CASES = [(m, None) for m in MODES] + [("ripples-static", "5"), ("eager-majority", "5")]
+
+
+@pytest.mark.parametrize("mode, consensus", CASES, ids=[f"{m}-{'consensus-every-' + c if c else 'no-callback'}"
+                                                       for m, c in CASES])
 def test_ranks_stopping_on_their_own_clocks(mode, consensus, tmp_path):
     args = ["--sync", mode, "--slow-rank", 3, "--factor", 5, "--epochs", 4, "--steps-per-epoch", 24,
             "--time-budget", "3,60,60,6", "--early-stop-rank", 1, "--uneven", "--allreduce-every", 7, "--refit",

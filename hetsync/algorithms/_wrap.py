@@ -49,6 +49,9 @@ def _densify(grads_and_vars):
 def wrap_post_update(optimizer, algorithm):
     """Returns a copy of ``optimizer`` whose ``apply_gradients`` calls ``algorithm.after_update(vars, iterations)``.
 
+    A gradient-exchanging method (eager-SGD) defines ``algorithm.before_update(grads, variables)`` instead (or as
+    well): it returns the gradients the local update applies (dense tensors in; None gradients never reach it).
+
     ``after_update`` runs after the local update and after ``iterations`` was incremented, so iteration k's sync
     sees ``iterations == k + 1`` on every worker.
 
@@ -71,15 +74,26 @@ def wrap_post_update(optimizer, algorithm):
     scope = getattr(algorithm, "scope_name", None) or f"Distributed{base.__name__}"
 
     def _sync(self, variables):
+        if hasattr(self._hetsync_algorithm, "after_update"):
+            with tf.name_scope(scope):
+                self._hetsync_algorithm.after_update(variables, self.iterations)
+
+    def _exchange(self, grads_and_vars):
+        if not hasattr(self._hetsync_algorithm, "before_update"):
+            return grads_and_vars
+        present = [(tf.convert_to_tensor(g), v) for g, v in grads_and_vars if g is not None]
+        if not present:
+            return grads_and_vars
         with tf.name_scope(scope):
-            self._hetsync_algorithm.after_update(variables, self.iterations)
+            exchanged = self._hetsync_algorithm.before_update([g for g, _ in present], [v for _, v in present])
+        return list(zip(exchanged, [v for _, v in present]))
 
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         grads_and_vars = list(grads_and_vars)
         if sparse_as_dense:
             grads_and_vars = _densify(grads_and_vars)
         if passes == 1:
-            result = base.apply_gradients(self, grads_and_vars, *args, **kwargs)
+            result = base.apply_gradients(self, _exchange(self, grads_and_vars), *args, **kwargs)
             _sync(self, [v for g, v in grads_and_vars if g is not None])
             return result
         return _accumulate_or_apply(self, grads_and_vars, args, kwargs)
@@ -103,7 +117,7 @@ def wrap_post_update(optimizer, algorithm):
             grads = [t.read_value() for t in sums]
             if average:
                 grads = [g / tf.cast(passes, g.dtype) for g in grads]
-            base.apply_gradients(self, list(zip(grads, variables)), *args, **kwargs)
+            base.apply_gradients(self, _exchange(self, list(zip(grads, variables))), *args, **kwargs)
             _sync(self, variables)
             with tf.name_scope(scope):
                 for total in sums:

@@ -62,13 +62,15 @@ struct PartialSpec {
   std::string name;
   PartialMode mode = PartialMode::kSolo;
   uint64_t seed = 0;
-  DataType dtype = DataType::kFloat32;
+  DataType dtype = DataType::kFloat32;  // of the tensors and of the send/receive buffers
+  bool wire_half = false;               // float32 data travels and is summed as IEEE half (Horovod fp16 compression)
   int64_t count = 0;
   uint64_t shape_hash = 0;
   std::string desc;  // "float32 x 10 [(2, 5)] (solo)"
   double timeout = 0;  // not part of the agreement: a round runs with its initiator's (the notice carries it)
   bool operator==(const PartialSpec& o) const {
-    return mode == o.mode && seed == o.seed && dtype == o.dtype && count == o.count && shape_hash == o.shape_hash;
+    return mode == o.mode && seed == o.seed && dtype == o.dtype && wire_half == o.wire_half && count == o.count &&
+           shape_hash == o.shape_hash;
   }
 };
 
@@ -98,7 +100,7 @@ struct PartialNotice {
   int32_t mode;
   uint64_t seed;
   int32_t dtype;
-  int32_t reserved;
+  int32_t wire_half;
   double timeout;
   int64_t count;
   uint64_t shape_hash;

@@ -29,7 +29,7 @@ RoundExec::RoundExec(EngineContext& ctx, uint64_t id, int tag, int64_t round, co
                      bool caller, double timeout)
     : id_(id), tag_(tag), round_(round), spec_(spec), timeout_(timeout) {
   data_offset_ = AlignUp(sizeof(Head) + ctx.size);
-  bytes_ = data_offset_ + spec.count * DataTypeSize(spec.dtype);
+  bytes_ = data_offset_ + spec.count * (spec.wire_half ? 2 : DataTypeSize(spec.dtype));
   buf_ = std::make_shared<std::vector<char>>(bytes_, 0);
   in_ = std::make_shared<std::vector<char>>(bytes_, 0);
   Head* h = head();
@@ -132,7 +132,9 @@ bool RoundExec::Combine(std::string* error) {
   const uint8_t* tf = reinterpret_cast<const uint8_t*>(in_->data() + sizeof(Head));
   for (int i = 0; i < mine->size; ++i) flags()[i] |= tf[i];
   const char* td = in_->data() + data_offset_;
-  if (spec_.dtype == DataType::kFloat64) {
+  if (spec_.wire_half) {
+    AddHalves(reinterpret_cast<const uint16_t*>(td), reinterpret_cast<uint16_t*>(data()), spec_.count);
+  } else if (spec_.dtype == DataType::kFloat64) {
     AddInto<double>(td, data(), spec_.count);
   } else {
     AddInto<float>(td, data(), spec_.count);

@@ -91,6 +91,7 @@ PartialNotice PartialSchedule::NoticeFor(EngineContext& ctx, const PartialSpec& 
   n.mode = static_cast<int32_t>(spec.mode);
   n.seed = spec.seed;
   n.dtype = static_cast<int32_t>(spec.dtype);
+  n.wire_half = spec.wire_half ? 1 : 0;
   n.count = spec.count;
   n.timeout = spec.timeout;
   n.shape_hash = spec.shape_hash;
@@ -142,6 +143,7 @@ void PartialSchedule::OnActivate(EngineContext& ctx, const PartialNotice& n) {
   spec.mode = static_cast<PartialMode>(n.mode);
   spec.seed = n.seed;
   spec.dtype = static_cast<DataType>(n.dtype);
+  spec.wire_half = n.wire_half != 0;
   spec.count = n.count;
   spec.shape_hash = n.shape_hash;
   spec.desc = std::string(n.desc, strnlen(n.desc, sizeof(n.desc)));
@@ -202,7 +204,12 @@ void PartialSchedule::StartRound(EngineContext& ctx) {
   exec_ = std::make_unique<RoundExec>(ctx, id_, tag, next_round_, local_ ? spec_ : a.spec, local_, timeout);
   my_staleness_ = -1;
   if (local_ && has_contribution_) {  // passive or active: the progress thread sends what the buffer holds
-    std::memcpy(exec_->data(), send_buf_.data(), send_buf_.size());
+    if (spec_.wire_half) {
+      FloatsToHalves(reinterpret_cast<const float*>(send_buf_.data()), reinterpret_cast<uint16_t*>(exec_->data()),
+                     spec_.count);
+    } else {
+      std::memcpy(exec_->data(), send_buf_.data(), send_buf_.size());
+    }
     std::fill(send_buf_.begin(), send_buf_.end(), 0);
     has_contribution_ = false;
     exec_->flags()[ctx.rank] = 1;
@@ -230,8 +237,16 @@ void PartialSchedule::FinishRound(EngineContext& ctx) {
     FailAll(ctx, Code::kInvalidArgument, why, -1, false);
     return;
   }
-  const size_t bytes = exec_->spec().count * DataTypeSize(exec_->spec().dtype);
-  recv_buf_.assign(exec_->data(), exec_->data() + bytes);
+  const PartialSpec& ran = exec_->spec();
+  const size_t bytes = ran.count * DataTypeSize(ran.dtype);
+  if (ran.wire_half) {
+    recv_buf_.resize(bytes);
+    HalvesToFloats(reinterpret_cast<const uint16_t*>(exec_->data()), reinterpret_cast<float*>(recv_buf_.data()),
+                   ran.count, 1.0f);
+  } else {
+    recv_buf_.assign(exec_->data(), exec_->data() + bytes);
+  }
+  ctx.counters->wire_bytes += ran.count * (ran.wire_half ? 2 : DataTypeSize(ran.dtype));
   result_spec_ = exec_->spec();
   result_ = PartialResult();
   result_.round = r;

@@ -30,6 +30,7 @@ REGISTER_OP("HetsyncPartialAllreduce")
     .Attr("mode: {'solo', 'majority'}")
     .Attr("seed: int = 0")
     .Attr("timeout_seconds: float = -1")
+    .Attr("wire_half: bool = false")
     .Input("tensors: N * T")
     .Output("averaged: N * T")
     .Output("info: int64")
@@ -73,6 +74,9 @@ class PartialAllreduceKernel : public AsyncOpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("seed", &seed));
     OP_REQUIRES_OK(c, c->GetAttr("timeout_seconds", &timeout_));
     OP_REQUIRES_OK(c, c->GetAttr("T", &tf_dtype_));
+    OP_REQUIRES_OK(c, c->GetAttr("wire_half", &spec_.wire_half));
+    OP_REQUIRES(c, !spec_.wire_half || tf_dtype_ == tensorflow::DT_FLOAT,
+                tensorflow::errors::InvalidArgument("HetsyncPartialAllreduce: wire_half needs float32 tensors"));
     OP_REQUIRES(c, FromTf(tf_dtype_, &spec_.dtype),
                 tensorflow::errors::InvalidArgument("HetsyncPartialAllreduce: unsupported dtype"));
     OP_REQUIRES(c, !spec_.name.empty() && spec_.name.size() < kPartialNameChars,
@@ -95,7 +99,8 @@ class PartialAllreduceKernel : public AsyncOpKernel {
     spec.count = total;
     spec.shape_hash = Fnv1a64(sig.data(), sig.size());
     spec.desc = std::string(DataTypeName(spec.dtype)) + " x " + std::to_string(total) + " " + sig + " (" +
-                PartialModeName(spec.mode) + ", seed " + std::to_string(spec.seed) + ")";
+                PartialModeName(spec.mode) + ", seed " + std::to_string(spec.seed) +
+                (spec.wire_half ? ", fp16 wire)" : ")");
     if (spec.desc.size() >= static_cast<size_t>(kPartialDescChars)) {
       spec.desc = spec.desc.substr(0, kPartialDescChars - 4) + "...";
     }

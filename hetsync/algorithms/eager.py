@@ -1,0 +1,128 @@
+"""``sync="eager-solo"`` and ``sync="eager-majority"``: eager-SGD (eager-SGD §5, Algorithm 5 and Fig 7).
+
+Each step averages the gradients with a *partial* allreduce instead of Horovod's (ops.partial_allreduce, §4):
+the ranks whose gradients are ready contribute them, the others contribute passively from their engine's progress
+thread what their send buffer holds (gradients of earlier steps that no round took yet, or nothing).  A rank that
+arrives after a round ran gets that round's average at once and its own gradients wait in the send buffer for the
+next round, accumulated with any later ones (Fig 7: stale gradients are carried, each exactly once).
+  - solo (§4.1): the first rank to arrive starts the round: nobody waits; best under light imbalance.
+  - majority (§4.2): only the rank a seeded RNG designates for the round starts it: on average half of the ranks
+    contribute fresh gradients; better accuracy under severe imbalance.
+The update applies the average over the contributing ranks (the ADS semantics of §5.1: "a correct average of a
+subset of the proposed updates"), so the step size matches synchronous SGD whatever the number of contributors.
+
+Models drift apart when a rank misses rounds (it sees only the latest round's result, §5).  The staleness bound τ of
+§5.1 is kept by full-model averages with Horovod: at every epoch end (every hetsync mode does this, fit_hook.py)
+and every ``model_sync_every`` batches within an epoch.
+
+Options:
+  model_sync_every: batches between mid-epoch model averages (default 200; None: epoch ends only).  A
+    ``keras_callbacks.Consensus`` callback, if the user adds one, overrides it.
+  seed: majority's shared seed for the initiator sequence (ops.majority_initiator).  Default 0.
+  timeout: seconds before a round that cannot run fails (a rank's engine gone; majority: its designated rank never
+    came and is not away).  Default: hetsync.init's.
+Horovod kwargs: as every mode (base.py); ``compression=hvd.Compression.fp16`` sends float32 gradients as float16.
+"""
+import itertools
+
+import tensorflow as tf
+
+from hetsync.algorithms import register
+from hetsync.algorithms._wrap import wrap_post_update
+from hetsync.algorithms.base import SyncAlgorithm
+
+DEFAULT_MODEL_SYNC_EVERY = 200
+_WRAPS = itertools.count()  # collective names: the n-th wrapped optimizer of the process (same order on all ranks)
+
+
+class EagerSGD(SyncAlgorithm):
+    """Shared by both modes; ``MODE`` is the partial collective ("solo" or "majority")."""
+
+    MODE = None
+    OPTIONS = {"model_sync_every": DEFAULT_MODEL_SYNC_EVERY, "seed": 0, "timeout": None}
+
+    def validate(self):
+        every = self.options["model_sync_every"]
+        if every is not None and (not isinstance(every, int) or isinstance(every, bool) or every < 1):
+            raise ValueError(f"model_sync_every must be a positive int (batches) or None, got {every!r}")
+        seed = self.options["seed"]
+        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        timeout = self.options["timeout"]
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+
+    @property
+    def consensus_every(self):
+        """fit_hook.SyncPoints: mid-epoch model averages every this many batches (None: epoch ends only)."""
+        return self.options["model_sync_every"]
+
+    def wrap(self, optimizer):
+        from hetsync import _runtime
+
+        _runtime.require_init(f"sync={self.name!r}")
+        self.collective = f"eager-{next(_WRAPS)}"
+        with tf.init_scope():
+            self._calls = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetsync_eager_calls")
+            self._included = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetsync_eager_included")
+            self._nap_sum = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetsync_eager_nap_sum")
+            self._last_nap = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetsync_eager_last_nap")
+        return wrap_post_update(optimizer, self)
+
+    def before_update(self, grads, variables):
+        """The gradient exchange of one step: one partial allreduce per dtype (float32 for half precisions)."""
+        from hetsync import ops
+
+        out = [None] * len(grads)
+        groups = {}
+        for i, g in enumerate(grads):
+            wire = tf.float64 if g.dtype == tf.float64 else tf.float32
+            groups.setdefault(wire, []).append(i)
+        previous = []
+        for wire in sorted(groups, key=lambda d: d.name):  # the same order on every rank
+            idx = groups[wire]
+            with tf.control_dependencies(previous):
+                res = ops.partial_allreduce([tf.cast(grads[i], wire) for i in idx], mode=self.MODE,
+                                            name=f"{self.collective}.{wire.name}", seed=self.options["seed"],
+                                            timeout=self.options["timeout"], compression=self.compression)
+            for i, t in zip(idx, res.tensors):
+                out[i] = tf.cast(t, grads[i].dtype)
+            previous = list(res.tensors)
+        self._count(res)
+        return out
+
+    def _count(self, res):
+        self._calls.assign_add(1)
+        self._included.assign_add(tf.cast(res.included, tf.int64))
+        self._nap_sum.assign_add(res.nap)
+        self._last_nap.assign(res.nap)
+
+    def metrics(self):
+        """Per-rank counters: calls, calls whose gradients made their round (included) or came late (missed),
+        mean NAP of the returned rounds, rounds this rank's engine ran, mean staleness (rounds) of its
+        contributions."""
+        from hetsync import ops
+
+        stats = ops.engine_stats()
+        calls = int(self._calls.numpy()) if hasattr(self, "_calls") else 0
+        contributed = stats["partial_contributed"]
+        return {
+            "calls": calls,
+            "included": int(self._included.numpy()) if calls else 0,
+            "missed": calls - (int(self._included.numpy()) if calls else 0),
+            "mean_nap": float(self._nap_sum.numpy()) / calls if calls else 0.0,
+            "rounds": stats["partial_rounds"],
+            "mean_staleness": stats["partial_staleness_sum"] / contributed if contributed else 0.0,
+        }
+
+
+@register
+class EagerSolo(EagerSGD):
+    name = "eager-solo"
+    MODE = "solo"
+
+
+@register
+class EagerMajority(EagerSGD):
+    name = "eager-majority"
+    MODE = "majority"
