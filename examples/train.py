@@ -37,7 +37,8 @@ def parse_args(argv=None):
     p.add_argument("--steps-per-rank", default="", help="comma list overriding --steps per rank (uneven workers)")
     p.add_argument("--batch-size", type=int, default=32, help="per worker")
     p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument("--slowdown", default="none", choices=["none", "deterministic", "random", "imbalance"])
+    p.add_argument("--slowdown", default="none", choices=["none", "deterministic", "random", "random-one", "imbalance"])
+    p.add_argument("--delay-range", default="0.05,0.4", help="lo,hi seconds, for --slowdown imbalance")
     p.add_argument("--slow-ranks", default="0", help="comma list, for --slowdown deterministic")
     p.add_argument("--factor", type=float, default=5.0)
     p.add_argument("--base-time", type=float, default=None, help="normal iteration time in s (default: measured)")
@@ -85,8 +86,9 @@ def main(argv=None):
         callbacks.append(keras_callbacks.EmulatedCompute(args.compute_time))
     if args.slowdown != "none":
         slow = [int(r) for r in args.slow_ranks.split(",") if r]
+        lo, hi = (float(v) for v in args.delay_range.split(","))
         callbacks.append(keras_callbacks.Slowdown(args.slowdown, ranks=slow, factor=args.factor,
-                                                  base_time=args.base_time, seed=args.seed))
+                                                  delay_range=(lo, hi), base_time=args.base_time, seed=args.seed))
     evaluator = EvalLogger(x_test, y_test, loss, args.eval_every, t0, log_path, rank)
     callbacks += [evaluator, keras_callbacks.Consensus(every=None)]
 

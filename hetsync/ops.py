@@ -261,16 +261,19 @@ PARTIAL_MODES = ("solo", "majority")
 
 
 class PartialResult(collections.namedtuple(
-        "PartialResult", ["tensors", "included", "nap", "round", "initiator", "staleness", "contributors"])):
+        "PartialResult", ["tensors", "included", "nap", "round", "initiator", "staleness", "contributors",
+                          "active"])):
     """What one partial_allreduce call returns (eager-SGD §5.1, the ADS response).
 
     tensors: the average of the contributions in the returned round (a tensor, or a list like the input).
     included: bool tensor, True when this call's tensors are in that average (else they wait in the send buffer
       and go with the next round this rank's progress thread takes part in).
-    nap: number of ranks whose data is in the average ("number of active processes").
+    nap: number of ranks whose data is in the average (it divides by it).
+    active: of those, the ranks whose call waited for this round (fresh gradients; eager-SGD §6.1's "active
+      processes"); the others' stale data went in passively.
     round: the round's index; initiator: majority: the designated rank, solo: the first initiator this rank saw.
     staleness: when included, rounds the oldest gradients in this rank's contribution waited (0: fresh), else -1.
-    contributors: int32 [world size] flags, 1 for each rank whose data is in the average.
+    contributors: int32 [world size]: 0 no data in the average, 1 stale data sent passively, 2 a waiting call's.
     """
 
 
@@ -348,4 +351,4 @@ def partial_allreduce(tensors, mode="solo", name="partial_allreduce", seed=0, ti
                                           timeout_seconds=timeout_s, wire_half=half)
     averaged, info, contributors = list(outs[0]), outs[1], outs[2]
     return PartialResult(averaged[0] if single else averaged, tf.cast(info[0], tf.bool), info[1], info[2], info[3],
-                         info[4], contributors)
+                         info[4], contributors, info[5])

@@ -1,6 +1,6 @@
 """Heterogeneity injection, following the papers' own protocols so benchmarks compare with their figures.
 
-Three modes, all seeded and all per batch (the sleep happens in ``on_train_batch_begin``, i.e. it lengthens the
+Four modes, all seeded and all per batch (the sleep happens in ``on_train_batch_begin``, i.e. it lengthens the
 step's compute the way a slower GPU would, before the step's synchronization):
 
 * ``deterministic`` (Ripples §7.4): the given ``ranks`` are ``factor`` times slower: each of their batches sleeps
@@ -8,6 +8,8 @@ step's compute the way a slower GPU would, before the step's synchronization):
   of sleep"; we follow the issue's reading that "5x slower" means a 5x longer step, i.e. a sleep of 4 normal steps.)
 * ``random`` (Hop §7.3.1): each rank, independently at each batch, is ``factor`` times slower with probability
   ``probability`` (default 1/n, n = workers).
+* ``random-one`` (eager-SGD §6.2.1): at each batch ONE rank, drawn by an RNG every rank seeds alike, is ``factor``
+  times slower (the paper delays one random process per step by 200/300/400 ms, i.e. factor 2, 2.5, 3 of its step).
 * ``imbalance`` (eager-SGD §6.2.3): every rank sleeps a delay from ``delay_range`` (seconds; n values spread evenly
   over the range), and the assignment of delays to ranks shifts by one rank after each step.
 
@@ -19,7 +21,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-MODES = ("deterministic", "random", "imbalance")
+MODES = ("deterministic", "random", "random-one", "imbalance")
 
 
 def _in_step():
@@ -66,6 +68,7 @@ class Slowdown(tf.keras.callbacks.Callback):
         self.base_time, self.warmup = base_time, warmup
         self.rank, self.size = rank, size
         self._rng = np.random.default_rng([seed, rank])
+        self._shared_rng = np.random.default_rng([seed, 1 << 20])  # the same draws on every rank (random-one)
         self._step = 0
         self._warm_times = []
         self._batch_start = None
@@ -75,11 +78,15 @@ class Slowdown(tf.keras.callbacks.Callback):
         """Seconds this rank sleeps at ``step`` (0 while the normal iteration time is still being measured)."""
         if self.mode == "imbalance":
             return float(self.delays[(self.rank + step) % self.size])
+        # drawn every step, warm-up included, so the shared sequence stays aligned across ranks
+        chosen = int(self._shared_rng.integers(self.size)) if self.mode == "random-one" else None
         normal = self.normal_time()
         if normal is None:
             return 0.0
         if self.mode == "deterministic":
             slowed = self.rank in self.ranks
+        elif self.mode == "random-one":
+            slowed = chosen == self.rank
         else:
             slowed = self._rng.random() < self.probability
         return (self.factor - 1.0) * normal if slowed else 0.0

@@ -33,6 +33,16 @@ def test_random_is_seeded_and_has_the_requested_probability():
     assert np.mean(np.array(a) > 0) == pytest.approx(1 / 8, abs=0.02)  # default p = 1/n (Hop §7.3.1)
 
 
+def test_random_one_slows_exactly_one_rank_per_step_the_same_on_every_rank():
+    per_rank = [delays(Slowdown("random-one", factor=2.5, base_time=1.0, seed=3, rank=r, size=8), 2000)
+                for r in range(8)]
+    per_step = np.array(per_rank).T
+    assert np.all((per_step > 0).sum(axis=1) == 1), "one slowed rank per step"
+    assert set(per_step.ravel()) == {0.0, 1.5}
+    counts = (per_step > 0).sum(axis=0)
+    assert counts.min() > 2000 / 8 * 0.7, counts  # every rank gets its turn
+
+
 def test_imbalance_shifts_the_delays_across_ranks_each_step():
     size = 4
     cbs = [Slowdown("imbalance", delay_range=(0.05, 0.4), rank=r, size=size) for r in range(size)]

@@ -46,7 +46,7 @@ def call_loop(ops, mode, name, sleeper):
         res = ops.partial_allreduce(tf.constant(onehot(rank, i, size)), mode=mode, name=name, seed=SEED)
         records.append(dict(rank=rank, call=i, round=int(res.round), avg=res.tensors.numpy(), nap=int(res.nap),
                             contributors=res.contributors.numpy().tolist(), included=bool(res.included),
-                            initiator=int(res.initiator), staleness=int(res.staleness)))
+                            initiator=int(res.initiator), staleness=int(res.staleness), active=int(res.active)))
     # Flush: every rank leaves (AWAY, as fit_hook marks a rank inside a Horovod collective); rank 0 calls until a
     # round includes its call -- that round takes what every send buffer still holds.
     ops.set_availability(ops.AWAY)
@@ -56,7 +56,8 @@ def call_loop(ops, mode, name, sleeper):
             res = ops.partial_allreduce(tf.constant(onehot(0, -1, size)), mode=mode, name=name, seed=SEED)
             records.append(dict(rank=0, call=-1, round=int(res.round), avg=res.tensors.numpy(), nap=int(res.nap),
                                 contributors=res.contributors.numpy().tolist(), included=bool(res.included),
-                                initiator=int(res.initiator), staleness=int(res.staleness)))
+                                initiator=int(res.initiator), staleness=int(res.staleness),
+                                active=int(res.active)))
             if res.included:
                 break
     barrier()
@@ -86,6 +87,7 @@ def check_rounds(ops, mode, name, records, sleeper):
         holders = sorted({min(int(j) // K, 0 if j == size * K else size) for j in np.flatnonzero(members)})
         flagged = [k for k in range(size) if rec["contributors"][k]]
         assert holders == flagged and len(flagged) == nap, (mode, r, holders, flagged, nap)
+        assert rec["active"] == sum(1 for f in rec["contributors"] if f == 2) >= 1, (mode, r, rec)
         seen += members
         if mode == "majority":
             want = ops.majority_initiator(SEED, name, r, size)
@@ -96,6 +98,8 @@ def check_rounds(ops, mode, name, records, sleeper):
             continue
         mine = rec["avg"][rec["rank"] * K + rec["call"]] > 0
         assert mine == rec["included"], (mode, rec["rank"], rec["call"], rec["included"])
+        if rec["included"]:  # its call waited for the round: active
+            assert rec["contributors"][rec["rank"]] == 2, rec
         assert (rec["staleness"] >= 0) == rec["included"], rec
     if mode == "solo":  # (majority waits for a sleeper that is designated: it is inside its step, coming)
         late = [rec for rec in records if rec["rank"] == sleeper and rec["call"] == K // 3]

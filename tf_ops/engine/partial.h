@@ -81,11 +81,12 @@ int MajorityInitiator(uint64_t seed, const std::string& name, int64_t round, int
 // A round's outcome as one call sees it.
 struct PartialResult {
   bool included = false;    // this call's tensors are in the sum
-  int nap = 0;              // number of ranks whose contribution is in the sum
+  int nap = 0;              // number of ranks whose contribution is in the sum (the average divides by it)
+  int active = 0;           // of those, ranks whose call was waiting for this round (§6.1's "active processes")
   int64_t round = -1;
   int initiator = -1;       // majority: the designated rank; solo: the first activation this rank received
   int64_t staleness = -1;   // included: rounds the oldest part of the contribution waited (0 = fresh)
-  std::vector<uint8_t> contributors;  // per rank
+  std::vector<uint8_t> contributors;  // per rank: 0 none, 1 passive (stale data, no call waiting), 2 active
 };
 
 // Fixed-size notice on kActivationTag (raw bytes: homogeneous cluster, as WireHeader).

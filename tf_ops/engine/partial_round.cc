@@ -130,7 +130,7 @@ bool RoundExec::Combine(std::string* error) {
     return true;
   }
   const uint8_t* tf = reinterpret_cast<const uint8_t*>(in_->data() + sizeof(Head));
-  for (int i = 0; i < mine->size; ++i) flags()[i] |= tf[i];
+  for (int i = 0; i < mine->size; ++i) flags()[i] = std::max(flags()[i], tf[i]);
   const char* td = in_->data() + data_offset_;
   if (spec_.wire_half) {
     AddHalves(reinterpret_cast<const uint16_t*>(td), reinterpret_cast<uint16_t*>(data()), spec_.count);

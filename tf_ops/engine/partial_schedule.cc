@@ -212,7 +212,7 @@ void PartialSchedule::StartRound(EngineContext& ctx) {
     }
     std::fill(send_buf_.begin(), send_buf_.end(), 0);
     has_contribution_ = false;
-    exec_->flags()[ctx.rank] = 1;
+    exec_->flags()[ctx.rank] = call_in_flight ? 2 : 1;  // a waiting call's deposit is in it: active
     my_staleness_ = next_round_ - deposit_round_;
     ++ctx.counters->partial_contributed;
     ctx.counters->partial_staleness_sum += my_staleness_;
@@ -251,7 +251,10 @@ void PartialSchedule::FinishRound(EngineContext& ctx) {
   result_ = PartialResult();
   result_.round = r;
   result_.contributors.assign(exec_->flags(), exec_->flags() + ctx.size);
-  result_.nap = static_cast<int>(std::count(result_.contributors.begin(), result_.contributors.end(), 1));
+  for (uint8_t f : result_.contributors) {
+    result_.nap += f > 0;
+    result_.active += f == 2;
+  }
   result_.initiator = spec_.mode == PartialMode::kMajority ? Designated(ctx, r) : acts_[r].root;
   result_.staleness = my_staleness_;
   result_round_ = r;

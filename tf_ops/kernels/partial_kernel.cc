@@ -1,7 +1,7 @@
 // HetsyncPartialAllreduce: thin AsyncOpKernel over engine::PartialAllreduceOp (eager-SGD solo/majority allreduce).
 // Fuses the N inputs into one proposal, lets the engine deposit it and wait for its round, then splits the round's
 // sum back into N outputs divided by the number of contributors (NAP), with the ADS response (§5.1) as two more
-// outputs: info = [included, nap, round, initiator, staleness] and the per-rank contributor flags.
+// outputs: info = [included, nap, round, initiator, staleness, active] and the per-rank contributor flags.
 #include <cstring>
 #include <memory>
 #include <string>
@@ -40,15 +40,16 @@ REGISTER_OP("HetsyncPartialAllreduce")
       int n = 0;
       TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
       for (int i = 0; i < n; ++i) c->set_output(i, c->input(i));
-      c->set_output(n, c->Vector(5));
+      c->set_output(n, c->Vector(6));
       c->set_output(n + 1, c->Vector(c->UnknownDim()));
       return tensorflow::OkStatus();
     })
     .Doc(R"doc(
 One call of the persistent partial allreduce `collective` (eager-SGD solo or majority allreduce).
 averaged: the sum of the contributions in the round this call returns, divided by their number (NAP).
-info: [included (this call's tensors are in it), nap, round, initiator, staleness (rounds; -1 if not included)].
-contributors: per rank, 1 if its data is in the round.
+info: [included (this call's tensors are in it), nap, round, initiator, staleness (rounds; -1 if not included),
+  active (ranks whose call waited for the round)].
+contributors: per rank, 0: no data in the round, 1: stale data sent passively, 2: the data of a waiting call.
 )doc");
 
 template <typename T>
@@ -111,7 +112,7 @@ class PartialAllreduceKernel : public AsyncOpKernel {
     }
     Tensor* info = nullptr;
     Tensor* contributors = nullptr;
-    OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(n_, TensorShape({5}), &info), done);
+    OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(n_, TensorShape({6}), &info), done);
     OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(n_ + 1, TensorShape({engine.size()}), &contributors), done);
     auto buffers = std::make_shared<std::vector<Tensor>>(2);
     const size_t esize = DataTypeSize(spec.dtype);
@@ -144,6 +145,7 @@ class PartialAllreduceKernel : public AsyncOpKernel {
       iv(2) = result->round;
       iv(3) = result->initiator;
       iv(4) = result->staleness;
+      iv(5) = result->active;
       auto cv = contributors->vec<int32_t>();
       for (int64_t i = 0; i < cv.size(); ++i) {
         cv(i) = i < static_cast<int64_t>(result->contributors.size()) ? result->contributors[i] : 0;
