@@ -34,6 +34,7 @@ class SyncAlgorithm:
     OPTIONS = {}
     HOROVOD_APPLIED = horovod_kwargs.APPLIED_BY_WRAPPER
     HOROVOD_PASSTHROUGH = False
+    HOROVOD_REASONS = {}  # overrides of horovod_kwargs.REASONS (the warning's "why") for this mode
 
     def __init__(self, **options):
         clash = sorted(set(self.OPTIONS) & set(horovod_kwargs.NAMES))
@@ -53,7 +54,8 @@ class SyncAlgorithm:
             self.compression = self.horovod_kwargs.get("compression", horovod_kwargs._compression().none)
             self.ignored_horovod_kwargs = {}
         else:
-            resolved = horovod_kwargs.resolve(self.name, self.horovod_kwargs, self.HOROVOD_APPLIED)
+            resolved = horovod_kwargs.resolve(self.name, self.horovod_kwargs, self.HOROVOD_APPLIED,
+                                              self.HOROVOD_REASONS)
             self.compression = resolved.compression
             self.ignored_horovod_kwargs = resolved.ignored
         self.backward_passes_per_step = resolved.backward_passes_per_step if resolved else 1

@@ -40,6 +40,21 @@ class EagerSGD(SyncAlgorithm):
 
     MODE = None
     OPTIONS = {"model_sync_every": DEFAULT_MODEL_SYNC_EVERY, "seed": 0, "timeout": None}
+    HOROVOD_REASONS = {
+        "device_dense": "it places Horovod's gradient allreduce ops on a device; sync={mode!r} exchanges gradients "
+                        "with the partial allreduce in hetsync's engine (MPI, host memory)",
+        "device_sparse": "it places Horovod's sparse gradient allgather ops on a device; sync={mode!r} makes "
+                         "gradients dense and exchanges them with the partial allreduce in hetsync's engine",
+        "gradient_predivide_factor": "the partial allreduce sums the contributions and divides once, by the number "
+                                     "of ranks that contributed",
+        "op": "the partial allreduce averages over the ranks that contributed (op=Average, Horovod's default)",
+        "num_groups": "it batches gradient allreduces into fusion groups; sync={mode!r} sends all gradients in one "
+                      "partial allreduce per step (one per dtype)",
+        "groups": "it batches gradient allreduces into fusion groups; sync={mode!r} sends all gradients in one "
+                  "partial allreduce per step (one per dtype)",
+        "scale_local_gradients": "it scales the gradients of variables registered with register_local_var; "
+                                 "sync={mode!r} exchanges every gradient through the partial allreduce",
+    }
 
     def validate(self):
         every = self.options["model_sync_every"]

@@ -161,11 +161,11 @@ class Resolved:
         self.ignored = ignored  # kwarg -> "value: reason", in NAMES order
 
 
-def resolve(mode, kwargs, applied=APPLIED_BY_WRAPPER):
+def resolve(mode, kwargs, applied=APPLIED_BY_WRAPPER, reasons=None):
     """Validates Horovod ``kwargs`` (only names from NAMES) for sync=``mode``; returns a Resolved.
 
     ``applied`` are the kwargs the mode applies; the others, when not at Horovod's default, land in
-    ``Resolved.ignored`` with the reason.  Raises ValueError naming the kwarg for a bad value, a compressor other
+    ``Resolved.ignored`` with the reason (``reasons`` overrides REASONS for a mode that exchanges gradients).  Raises ValueError naming the kwarg for a bad value, a compressor other
     than none/fp16, or a process set other than the global one.
     """
     for key in NAMES:
@@ -184,7 +184,7 @@ def resolve(mode, kwargs, applied=APPLIED_BY_WRAPPER):
     ignored = {}
     for key in NAMES:
         if key in kwargs and key not in applied and not is_default(key, kwargs[key]):
-            reason = REASONS.get(key, "sync={mode!r} does not apply it").format(mode=mode)
+            reason = {**REASONS, **(reasons or {})}.get(key, "sync={mode!r} does not apply it").format(mode=mode)
             ignored[key] = f"{key}={_describe(key, kwargs[key])} has no meaning for sync={mode!r}: {reason}"
 
     def setting(key, default):
@@ -242,8 +242,8 @@ def support_table(modes=None):
             applied = {k: "passed to hvd.DistributedOptimizer unchanged" for k in NAMES}
         else:
             applied = {k: APPLIED.get(k, "applied by the mode") for k in NAMES if k in cls.HOROVOD_APPLIED}
-        ignored = {k: REASONS.get(k, "sync={mode!r} does not apply it").format(mode=mode)
-                   for k in NAMES if k not in applied}
+        why = {**REASONS, **getattr(cls, "HOROVOD_REASONS", {})}
+        ignored = {k: why.get(k, "sync={mode!r} does not apply it").format(mode=mode) for k in NAMES if k not in applied}
         table[mode] = {"applied": applied, "ignored": ignored}
     return table
 

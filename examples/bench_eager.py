@@ -1,0 +1,251 @@
+"""eager-SGD's three benchmarks, each a ratio against a baseline measured in the same run (README, "eager-SGD").
+
+    python examples/bench_eager.py                      # all three, 8 processes, ~10 minutes on 2 cores
+    python examples/bench_eager.py --parts micro        # one of micro, hyperplane, imbalance
+
+1. micro (§6.1, Fig 8/9): tests/mpi/bench_partial.py -- mean latency of solo, majority and MPI_Allreduce with the
+   processes linearly skewed before each call; mean number of active processes (NAP).
+2. hyperplane (§6.2.1): y = a.x + noise, one dense layer (dimension 256: the paper's task scaled to 2 cores), each
+   step ONE random process is delayed by 1x, 1.5x, 2x the base step (Slowdown "random-one"; the paper's
+   200/300/400 ms against its step).  eager-solo vs allreduce: throughput (steps/s per worker) and the final loss
+   of the averaged model.
+3. imbalance (§6.2.3): every process sleeps a delay from a range, the assignment shifted by one rank each step
+   (Slowdown "imbalance"; the paper's 50-400 ms scaled to 10-80 ms over a 20 ms base step), on digits.
+   eager-majority vs allreduce: time until the mean over workers of their local models' test accuracy reaches the
+   target, and the final accuracy of the averaged model.
+Every step of every worker also sleeps a fixed emulated compute time (a GPU's step, which 2 cores do not have); the
+real forward/backward still runs.  Writes ``--out``/results.md, results.json and eager.png; prints a line per run.
+"""
+import argparse
+import csv
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+PARTS = ("micro", "hyperplane", "imbalance")
+DELAYS = (1.0, 1.5, 2.0)  # hyperplane: delay of the one slowed process, in base steps
+GOALS = {"micro": {"solo": 20.0, "majority": 2.0}, "hyperplane": {1.0: 1.6, 1.5: 1.9, 2.0: 2.2},
+         "imbalance": 1.35}
+
+
+class Progress:
+    """One line per run, with an ETA from the runs so far."""
+
+    def __init__(self, total):
+        self.total, self.done, self.start = total, 0, time.time()
+
+    def step(self, what):
+        self.done += 1
+        spent = time.time() - self.start
+        eta = spent / self.done * (self.total - self.done)
+        print(f"[{self.done}/{self.total}] {what}  ({spent:.0f} s so far, ETA {eta:.0f} s)", flush=True)
+
+
+def _env():
+    return dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+def _run(cmd, timeout):
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc.stdout
+
+
+def micro(args, progress):
+    cmd = ["mpirun", "-np", str(args.workers), "--oversubscribe", "--bind-to", "none", sys.executable,
+           os.path.join(ROOT, "tests", "mpi", "bench_partial.py"), "--skew-ms", str(args.skew_ms),
+           "--reps", str(args.micro_reps)]
+    out = _run(cmd, args.job_timeout)
+    result = json.loads(re.search(r"RESULT (\{.*\})", out).group(1))
+    progress.step(f"micro: solo {result['solo']['speedup_vs_mpi']:.1f}x, majority "
+                  f"{result['majority']['speedup_vs_mpi']:.2f}x lower latency than MPI_Allreduce")
+    return result
+
+
+def train(args, mode, task, log_dir, slowdown):
+    """One horovodrun job of examples/train.py; returns its per-rank summaries and curves."""
+    shutil.rmtree(log_dir, ignore_errors=True)
+    cmd = ["horovodrun", "--mpi", "-np", str(args.workers), "-H", f"localhost:{args.workers}", sys.executable,
+           os.path.join(HERE, "train.py"), "--sync", mode, "--task", task, "--steps", str(args.steps),
+           "--lr", str(args.lr[task]), "--eval-every", str(args.eval_every), "--log-dir", log_dir,
+           "--seed", str(args.seed), *slowdown]
+    _run(cmd, args.job_timeout)
+    summaries = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(log_dir, "summary*.json")))]
+    curves = {}
+    for path in glob.glob(os.path.join(log_dir, "rank*.csv")):
+        with open(path) as f:
+            rows = list(csv.DictReader(f))
+        curves[int(rows[0]["rank"])] = [(float(r["time_s"]), float(r["loss"]), float(r["accuracy"] or "nan"))
+                                        for r in rows]
+    return summaries, curves
+
+
+def mean_curve(curves, column):
+    """[(t, mean over ranks of their latest value)] (column 1: loss, 2: accuracy)."""
+    events = sorted((row[0], rank, row[column]) for rank, rows in curves.items() for row in rows)
+    latest = {rank: rows[0][column] for rank, rows in curves.items()}
+    out = []
+    for t, rank, value in events:
+        latest[rank] = value
+        out.append((t, sum(latest.values()) / len(latest)))
+    return out
+
+
+def first_time(curve, reached):
+    return next((t for t, v in curve if reached(v)), None)
+
+
+def throughput(summaries):
+    return sum(s["steps_per_s"] for s in summaries) / len(summaries)
+
+
+def hyperplane(args, progress):
+    rows, curves = [], {}
+    for delay in DELAYS:
+        runs = {}
+        for mode in ("allreduce", "eager-solo"):
+            slow = ["--compute-time", str(args.base_time), "--base-time", str(args.base_time), "--slowdown",
+                    "random-one", "--factor", str(1.0 + delay)]
+            summaries, c = train(args, mode, "hyperplane", os.path.join(args.out, f"hyperplane-{delay}-{mode}"), slow)
+            runs[mode] = dict(steps_per_s=throughput(summaries), loss=summaries[0]["consensus_loss"],
+                              metrics=summaries[0].get("algorithm", {}))
+            curves[(delay, mode)] = mean_curve(c, 1)
+            progress.step(f"hyperplane delay {delay}x {mode}: {runs[mode]['steps_per_s']:.2f} steps/s, "
+                          f"final loss {runs[mode]['loss']:.4f}")
+        ar, eager = runs["allreduce"], runs["eager-solo"]
+        rows.append(dict(delay=delay, allreduce=ar, eager=eager, speedup=eager["steps_per_s"] / ar["steps_per_s"],
+                         loss_diff=(eager["loss"] - ar["loss"]) / ar["loss"]))
+    return rows, curves
+
+
+def imbalance(args, progress):
+    runs, curves = {}, {}
+    for mode in ("allreduce", "eager-majority"):
+        slow = ["--compute-time", str(args.imb_base_time), "--slowdown", "imbalance", "--delay-range",
+                args.delay_range]
+        summaries, c = train(args, mode, "digits", os.path.join(args.out, f"imbalance-{mode}"), slow)
+        acc = mean_curve(c, 2)
+        curves[mode] = acc
+        runs[mode] = dict(steps_per_s=throughput(summaries), accuracy=summaries[0]["consensus_accuracy"],
+                          time_to_target=first_time(acc, lambda v: v >= args.target_accuracy),
+                          metrics=summaries[0].get("algorithm", {}))
+        progress.step(f"imbalance {mode}: {runs[mode]['steps_per_s']:.2f} steps/s, time to accuracy "
+                      f"{args.target_accuracy}: {runs[mode]['time_to_target']}, final {runs[mode]['accuracy']:.3f}")
+    ar, maj = runs["allreduce"], runs["eager-majority"]
+    ratio = ar["time_to_target"] / maj["time_to_target"] if ar["time_to_target"] and maj["time_to_target"] else None
+    return dict(runs=runs, speedup=ratio, accuracy_diff_points=100 * (maj["accuracy"] - ar["accuracy"])), curves
+
+
+def markdown(results, args):
+    lines = [f"eager-SGD benchmarks, {args.workers} processes ({time.strftime('%Y-%m-%d')}, "
+             f"`python examples/bench_eager.py`)", ""]
+    if "micro" in results:
+        m = results["micro"]
+        lines += [f"**micro** ({m['kb']:.0f} KB float32, rank r sleeps r x {m['skew_ms']} ms, {m['reps']} reps)", "",
+                  "| | mean latency | vs MPI_Allreduce | goal | mean NAP (active) | mean contributors |",
+                  "|---|---|---|---|---|---|",
+                  f"| MPI_Allreduce | {m['mpi_allreduce']['mean_latency_ms']:.2f} ms | 1x | | {args.workers} | "
+                  f"{args.workers} |"]
+        for mode in ("solo", "majority"):
+            r = m[mode]
+            lines.append(f"| {mode} | {r['mean_latency_ms']:.2f} ms | {r['speedup_vs_mpi']:.1f}x lower | "
+                         f">= {GOALS['micro'][mode]}x | {r['mean_active']:.2f} | {r['mean_contributors']:.2f} |")
+        lines.append("")
+    if "hyperplane" in results:
+        lines += [f"**hyperplane** (dim 256, base step {args.base_time * 1000:.0f} ms, {args.steps} steps, one "
+                  "random process delayed per step)", "",
+                  "| delay | allreduce steps/s | eager-solo steps/s | speedup | goal | final loss allreduce | "
+                  "eager-solo | diff |", "|---|---|---|---|---|---|---|---|"]
+        for r in results["hyperplane"]:
+            lines.append(f"| {r['delay']}x | {r['allreduce']['steps_per_s']:.2f} | {r['eager']['steps_per_s']:.2f} | "
+                         f"{r['speedup']:.2f}x | >= {GOALS['hyperplane'][r['delay']]}x | "
+                         f"{r['allreduce']['loss']:.4f} | {r['eager']['loss']:.4f} | {100 * r['loss_diff']:+.1f}% |")
+        lines.append("")
+    if "imbalance" in results:
+        r = results["imbalance"]
+        ar, maj = r["runs"]["allreduce"], r["runs"]["eager-majority"]
+        speed = f"{r['speedup']:.2f}x" if r["speedup"] else "target not reached"
+        lines += [f"**imbalance** (digits, delays {args.delay_range} s shifted per step, base step "
+                  f"{args.imb_base_time * 1000:.0f} ms, {args.steps} steps, target accuracy {args.target_accuracy})",
+                  "", "| | steps/s | time to target | final accuracy |", "|---|---|---|---|",
+                  f"| allreduce | {ar['steps_per_s']:.2f} | {ar['time_to_target']} s | {ar['accuracy']:.3f} |",
+                  f"| eager-majority | {maj['steps_per_s']:.2f} | {maj['time_to_target']} s | {maj['accuracy']:.3f} |",
+                  "", f"time to target: {speed} (goal >= {GOALS['imbalance']}x); final accuracy "
+                  f"{r['accuracy_diff_points']:+.1f} points (goal within 0.5)", ""]
+    return "\n".join(lines)
+
+
+def plot(curves, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for (delay, mode), curve in sorted(curves.get("hyperplane", {}).items()):
+        if curve:
+            axes[0].plot(*zip(*curve), label=f"{mode}, delay {delay}x", linestyle="-" if mode == "eager-solo" else "--")
+    axes[0].set(title="hyperplane: mean worker test loss", xlabel="wall time (s)", ylabel="MSE", yscale="log")
+    for mode, curve in curves.get("imbalance", {}).items():
+        if curve:
+            axes[1].plot(*zip(*curve), label=mode)
+    axes[1].set(title="imbalance (digits): mean worker test accuracy", xlabel="wall time (s)", ylabel="accuracy")
+    for ax in axes:
+        if ax.lines:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--parts", default=",".join(PARTS))
+    p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--skew-ms", type=float, default=2.0)
+    p.add_argument("--micro-reps", type=int, default=60)
+    p.add_argument("--base-time", type=float, default=0.04, help="hyperplane: emulated compute per step, s")
+    p.add_argument("--imb-base-time", type=float, default=0.02, help="imbalance: emulated compute per step, s")
+    p.add_argument("--delay-range", default="0.01,0.08")
+    p.add_argument("--target-accuracy", type=float, default=0.9)
+    p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--job-timeout", type=float, default=900)
+    p.add_argument("--out", default="results/eager")
+    args = p.parse_args(argv)
+    args.lr = {"hyperplane": 0.05, "digits": 0.2}
+    parts = [x for x in args.parts.split(",") if x]
+    bad = [x for x in parts if x not in PARTS]
+    if bad:
+        p.error(f"unknown parts {bad}; valid: {', '.join(PARTS)}")
+    os.makedirs(args.out, exist_ok=True)
+    total = ("micro" in parts) + 2 * len(DELAYS) * ("hyperplane" in parts) + 2 * ("imbalance" in parts)
+    progress = Progress(total)
+    results, curves = {}, {}
+    if "micro" in parts:
+        results["micro"] = micro(args, progress)
+    if "hyperplane" in parts:
+        results["hyperplane"], curves["hyperplane"] = hyperplane(args, progress)
+    if "imbalance" in parts:
+        results["imbalance"], curves["imbalance"] = imbalance(args, progress)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump({"args": {k: v for k, v in vars(args).items()}, **{k: v for k, v in results.items()}}, f, indent=1,
+                  default=str)
+    text = markdown(results, args)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(text + "\n")
+    plot(curves, os.path.join(args.out, "eager.png"))
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
