@@ -262,7 +262,7 @@ PARTIAL_MODES = ("solo", "majority")
 
 class PartialResult(collections.namedtuple(
         "PartialResult", ["tensors", "included", "nap", "round", "initiator", "staleness", "contributors",
-                          "active"])):
+                          "active", "rounds"])):
     """What one partial_allreduce call returns (eager-SGD §5.1, the ADS response).
 
     tensors: the average of the contributions in the returned round (a tensor, or a list like the input).
@@ -274,6 +274,7 @@ class PartialResult(collections.namedtuple(
     round: the round's index; initiator: majority: the designated rank, solo: the first initiator this rank saw.
     staleness: when included, rounds the oldest gradients in this rank's contribution waited (0: fresh), else -1.
     contributors: int32 [world size]: 0 no data in the average, 1 stale data sent passively, 2 a waiting call's.
+    rounds: how many rounds ``tensors`` holds (1, or with late="accumulate" every round since the previous call).
     """
 
 
@@ -304,7 +305,8 @@ def engine_majority_initiator(seed, name, round_, size):
     return int(_clib.hetsync_majority_initiator(seed & ((1 << 64) - 1), name.encode(), int(round_), int(size)))
 
 
-def partial_allreduce(tensors, mode="solo", name="partial_allreduce", seed=0, timeout=None, compression=None):
+def partial_allreduce(tensors, mode="solo", name="partial_allreduce", seed=0, timeout=None, compression=None,
+                      late="latest"):
     """eager-SGD's partial allreduce: average ``tensors`` with whichever ranks' data is there (§4, §5.1).
 
     Every rank runs every round of the collective ``name`` on its progress thread, passively when its Python thread
@@ -315,7 +317,9 @@ def partial_allreduce(tensors, mode="solo", name="partial_allreduce", seed=0, ti
       - else ``mode="solo"``: activates the next round itself; ``mode="majority"``: waits until the rank a seeded
         RNG designates for the round calls (or is away: then that rank's engine activates it) -- the round
         includes the tensors (``included`` True).
-    All ranks that return a round get the same average.  Works eagerly and inside ``tf.function``.
+    All ranks that return a round get the same average.  Works eagerly and inside ``tf.function``.  With
+    ``late="accumulate"`` a call returns the sum of every round since its previous call (each divided by the world
+    size) instead of only the latest.
 
     Args:
       tensors: a float32/float64 tensor or a list of them (one dtype per call; shapes fixed per name).
@@ -326,9 +330,14 @@ def partial_allreduce(tensors, mode="solo", name="partial_allreduce", seed=0, ti
         never came); None: the engine default.
       compression: None / 'fp16' / ``hvd.Compression.fp16``: float32 data travels and is summed as float16 (the
         send buffer, where stale gradients accumulate, stays float32).
+      late: "latest" (the paper): a call returns one round, its sum divided by its contributors (ADS average);
+        "accumulate": a call returns every round since this rank's previous call, each round's sum divided by the
+        world size -- every rank then applies every contribution exactly once, weight 1/P.
 
     Returns a PartialResult.
     """
+    if late not in ("latest", "accumulate"):
+        raise ValueError(f"late must be 'latest' or 'accumulate', got {late!r}")
     if mode not in PARTIAL_MODES:
         raise ValueError(f"partial_allreduce mode must be one of {PARTIAL_MODES}, got {mode!r}")
     if not isinstance(name, str) or not 0 < len(name) < 64:
@@ -348,7 +357,7 @@ def partial_allreduce(tensors, mode="solo", name="partial_allreduce", seed=0, ti
                         f"{sorted(d.name for d in dtypes)}")
     half = _wire_half(compression) and items[0].dtype == tf.float32
     outs = _lib.hetsync_partial_allreduce(tensors=items, collective=name, mode=mode, seed=seed,
-                                          timeout_seconds=timeout_s, wire_half=half)
+                                          timeout_seconds=timeout_s, wire_half=half, late=late)
     averaged, info, contributors = list(outs[0]), outs[1], outs[2]
     return PartialResult(averaged[0] if single else averaged, tf.cast(info[0], tf.bool), info[1], info[2], info[3],
-                         info[4], contributors, info[5])
+                         info[4], contributors, info[5], info[6])

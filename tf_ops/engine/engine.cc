@@ -179,8 +179,12 @@ void Engine::Loop() {
       std::unique_lock<std::mutex> lock(mu_);
       if (active.empty() && serial_waiting.empty() && queue_.empty() && !stop_ && idle_rounds > 16 && !ctx_.busy_) {
         // Idle: sleep until work arrives, but wake every millisecond: the control plane must answer peers'
-        // headers (EXCLUDE while this rank is away) even when this rank has nothing of its own to do.
-        cv_.wait_for(lock, std::chrono::milliseconds(1), [this] { return stop_ || !queue_.empty(); });
+        // headers (EXCLUDE while this rank is away) even when this rank has nothing of its own to do. With
+        // partial-allreduce schedules, every 100 us: an activation is forwarded (and the round's exchange starts)
+        // one wake-up after it arrives, and a round's latency is a few such hops.
+        auto nap = ctx_.partial.Pending() >= 0 && ctx_.counters->partial_schedules > 0 ? std::chrono::microseconds(100)
+                                                                                        : std::chrono::microseconds(1000);
+        cv_.wait_for(lock, nap, [this] { return stop_ || !queue_.empty(); });
       }
       if (stop_) break;
       incoming.swap(queue_);

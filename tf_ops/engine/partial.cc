@@ -20,6 +20,21 @@ uint64_t SplitMix64(uint64_t x) {
 
 }  // namespace
 
+PartialSpec SpecFromNotice(const PartialNotice& n) {
+  PartialSpec spec;
+  spec.name = std::string(n.name, strnlen(n.name, sizeof(n.name)));
+  spec.mode = static_cast<PartialMode>(n.mode);
+  spec.seed = n.seed;
+  spec.dtype = static_cast<DataType>(n.dtype);
+  spec.wire_half = n.wire_half != 0;
+  spec.accumulate = n.accumulate != 0;
+  spec.count = n.count;
+  spec.shape_hash = n.shape_hash;
+  spec.desc = std::string(n.desc, strnlen(n.desc, sizeof(n.desc)));
+  spec.timeout = n.timeout;
+  return spec;
+}
+
 const char* PartialModeName(PartialMode m) { return m == PartialMode::kMajority ? "majority" : "solo"; }
 
 int MajorityInitiator(uint64_t seed, const std::string& name, int64_t round, int size) {
@@ -79,14 +94,7 @@ void PartialCollectives::Handle(EngineContext& ctx, const PartialNotice& n) {
   if (it == schedules_.end()) {
     // A rank that has not called this collective yet still takes part (with no data): it learns the tensors'
     // size from the notice.
-    PartialSpec spec;
-    spec.name = std::string(n.name, strnlen(n.name, sizeof(n.name)));
-    spec.mode = static_cast<PartialMode>(n.mode);
-    spec.seed = n.seed;
-    spec.dtype = static_cast<DataType>(n.dtype);
-    spec.count = n.count;
-    spec.shape_hash = n.shape_hash;
-    spec.desc = std::string(n.desc, strnlen(n.desc, sizeof(n.desc)));
+    PartialSpec spec = SpecFromNotice(n);
     if (n.kind == kNoticeAbort) spec.desc.clear();
     it = schedules_.emplace(n.id, std::make_unique<PartialSchedule>(n.id, spec, false, ctx.default_timeout)).first;
   }

@@ -64,13 +64,17 @@ struct PartialSpec {
   uint64_t seed = 0;
   DataType dtype = DataType::kFloat32;  // of the tensors and of the send/receive buffers
   bool wire_half = false;               // float32 data travels and is summed as IEEE half (Horovod fp16 compression)
+  // Late calls: false -- the latest round's result, divided by its contributors (the paper, §5 and §5.1);
+  // true -- the sum of every round since this rank's previous call, each divided by the world size, so every
+  // rank applies every contribution exactly once with weight 1/P (see docs/engine.md, "Late rounds").
+  bool accumulate = false;
   int64_t count = 0;
   uint64_t shape_hash = 0;
   std::string desc;  // "float32 x 10 [(2, 5)] (solo)"
   double timeout = 0;  // not part of the agreement: a round runs with its initiator's (the notice carries it)
   bool operator==(const PartialSpec& o) const {
-    return mode == o.mode && seed == o.seed && dtype == o.dtype && wire_half == o.wire_half && count == o.count &&
-           shape_hash == o.shape_hash;
+    return mode == o.mode && seed == o.seed && dtype == o.dtype && wire_half == o.wire_half &&
+           accumulate == o.accumulate && count == o.count && shape_hash == o.shape_hash;
   }
 };
 
@@ -86,6 +90,7 @@ struct PartialResult {
   int64_t round = -1;
   int initiator = -1;       // majority: the designated rank; solo: the first activation this rank received
   int64_t staleness = -1;   // included: rounds the oldest part of the contribution waited (0 = fresh)
+  int64_t rounds = 1;       // rounds in the returned tensors (accumulate: every round since the previous call)
   std::vector<uint8_t> contributors;  // per rank: 0 none, 1 passive (stale data, no call waiting), 2 active
 };
 
@@ -102,6 +107,8 @@ struct PartialNotice {
   uint64_t seed;
   int32_t dtype;
   int32_t wire_half;
+  int32_t accumulate;
+  int32_t reserved;
   double timeout;
   int64_t count;
   uint64_t shape_hash;
@@ -111,6 +118,9 @@ struct PartialNotice {
 constexpr uint32_t kNoticeActivate = 1;
 constexpr uint32_t kNoticeArrive = 2;
 constexpr uint32_t kNoticeAbort = 3;
+
+// The sender's spec, as a notice carries it (one place, so no field is forgotten).
+PartialSpec SpecFromNotice(const PartialNotice& n);
 
 class PartialSchedule;
 

@@ -15,8 +15,8 @@ class PartialSchedule;
 
 class PartialAllreduceOp : public Operation {
  public:
-  // `in` holds spec.count elements (this call's proposal) and is read in Start; `out` receives the round's SUM of
-  // contributions (the caller divides by result->nap). `keepalive` owns both. timeout_seconds <= 0: engine default.
+  // `in` holds spec.count elements (this call's proposal) and is read in Start; `out` receives the result (already
+  // divided: see PartialSpec::accumulate). `keepalive` owns both. timeout_seconds <= 0: engine default.
   PartialAllreduceOp(PartialSpec spec, double timeout_seconds, const void* in, void* out,
                      std::shared_ptr<void> keepalive, std::shared_ptr<PartialResult> result, Callback cb)
       : Operation(std::move(cb)),

@@ -42,6 +42,10 @@ std::string PartialSchedule::SetLocal(EngineContext& ctx, const PartialSpec& spe
     return "partial allreduce '" + spec.name + "' on rank " + std::to_string(ctx.rank) + ": called with " +
            spec.desc + " but earlier with " + spec_.desc + " (one name, one set of tensors: use another name)";
   }
+  if (!(spec == spec_)) {  // rounds run with other tensors are not this rank's
+    acc_buf_.clear();
+    acc_rounds_ = 0;
+  }
   spec_ = spec;  // may differ from the activations seen so far: the next round reports it on every rank
   local_ = true;
   send_buf_.assign(spec.count * DataTypeSize(spec.dtype), 0);
@@ -92,6 +96,7 @@ PartialNotice PartialSchedule::NoticeFor(EngineContext& ctx, const PartialSpec& 
   n.seed = spec.seed;
   n.dtype = static_cast<int32_t>(spec.dtype);
   n.wire_half = spec.wire_half ? 1 : 0;
+  n.accumulate = spec.accumulate ? 1 : 0;
   n.count = spec.count;
   n.timeout = spec.timeout;
   n.shape_hash = spec.shape_hash;
@@ -138,16 +143,7 @@ void PartialSchedule::Forward(EngineContext& ctx, int64_t round, Activation& a, 
 
 void PartialSchedule::OnActivate(EngineContext& ctx, const PartialNotice& n) {
   if (!failure_.empty() || n.round < next_round_) return;  // that round already ran here (consumable)
-  PartialSpec spec;
-  spec.name = std::string(n.name, strnlen(n.name, sizeof(n.name)));
-  spec.mode = static_cast<PartialMode>(n.mode);
-  spec.seed = n.seed;
-  spec.dtype = static_cast<DataType>(n.dtype);
-  spec.wire_half = n.wire_half != 0;
-  spec.count = n.count;
-  spec.shape_hash = n.shape_hash;
-  spec.desc = std::string(n.desc, strnlen(n.desc, sizeof(n.desc)));
-  spec.timeout = n.timeout;
+  const PartialSpec spec = SpecFromNotice(n);
   Activate(ctx, n.round, ctx.rank, n.dim, n.root, spec);
 }
 
@@ -247,6 +243,8 @@ void PartialSchedule::FinishRound(EngineContext& ctx) {
     recv_buf_.assign(exec_->data(), exec_->data() + bytes);
   }
   ctx.counters->wire_bytes += ran.count * (ran.wire_half ? 2 : DataTypeSize(ran.dtype));
+  const int nap = static_cast<int>(std::count_if(exec_->flags(), exec_->flags() + ctx.size, [](uint8_t f) { return f; }));
+  Normalize(ran, ran.accumulate ? ctx.size : std::max(nap, 1));
   result_spec_ = exec_->spec();
   result_ = PartialResult();
   result_.round = r;
@@ -259,15 +257,44 @@ void PartialSchedule::FinishRound(EngineContext& ctx) {
   result_.staleness = my_staleness_;
   result_round_ = r;
   next_round_ = r + 1;
+  if (ran.accumulate && ran == spec_) {  // rounds before this rank's first call count too (same tensors)
+    if (acc_buf_.size() != recv_buf_.size()) acc_buf_.assign(recv_buf_.size(), 0);
+    if (ran.dtype == DataType::kFloat64) {
+      AddInto<double>(recv_buf_.data(), acc_buf_.data(), ran.count);
+    } else {
+      AddInto<float>(recv_buf_.data(), acc_buf_.data(), ran.count);
+    }
+    ++acc_rounds_;
+  }
   acts_.erase(acts_.begin(), acts_.upper_bound(r));
   exec_.reset();
   ++ctx.counters->partial_rounds;
 }
 
+void PartialSchedule::Normalize(const PartialSpec& ran, int divisor) {
+  if (divisor == 1) return;
+  if (ran.dtype == DataType::kFloat64) {
+    double* p = reinterpret_cast<double*>(recv_buf_.data());
+    for (int64_t i = 0; i < ran.count; ++i) p[i] /= divisor;
+  } else {
+    float* p = reinterpret_cast<float*>(recv_buf_.data());
+    const float d = static_cast<float>(divisor);
+    for (int64_t i = 0; i < ran.count; ++i) p[i] /= d;
+  }
+}
+
 PartialResult PartialSchedule::TakeResult(EngineContext& ctx, void* out, bool included) {
-  if (!recv_buf_.empty()) std::memcpy(out, recv_buf_.data(), std::min(recv_buf_.size(), send_buf_.size()));
+  const std::vector<char>& src = spec_.accumulate ? acc_buf_ : recv_buf_;
+  const size_t n = std::min(src.size(), send_buf_.size());
+  if (n) std::memcpy(out, src.data(), n);
+  if (n < send_buf_.size()) std::memset(static_cast<char*>(out) + n, 0, send_buf_.size() - n);  // no round yet
   consumed_round_ = result_round_;
   PartialResult r = result_;
+  r.rounds = spec_.accumulate ? acc_rounds_ : 1;
+  if (spec_.accumulate) {
+    std::fill(acc_buf_.begin(), acc_buf_.end(), 0);
+    acc_rounds_ = 0;
+  }
   r.included = included;
   if (!included) r.staleness = -1;
   return r;

@@ -143,6 +143,7 @@ class PartialSchedule {
   void SendNotice(EngineContext& ctx, const PartialNotice& n, int to);
   void StartRound(EngineContext& ctx);
   void FinishRound(EngineContext& ctx);
+  void Normalize(const PartialSpec& ran, int divisor);
   PartialNotice NoticeFor(EngineContext& ctx, const PartialSpec& spec, uint32_t kind, int64_t round) const;
 
   uint64_t id_;
@@ -152,7 +153,9 @@ class PartialSchedule {
   std::vector<char> send_buf_;
   bool has_contribution_ = false;
   int64_t deposit_round_ = 0;  // next_round_ when the oldest part of the send buffer was deposited
-  std::vector<char> recv_buf_;
+  std::vector<char> recv_buf_;  // the latest round's result, divided (by its contributors, or P with accumulate)
+  std::vector<char> acc_buf_;   // accumulate: the sum of the results since the last call took them
+  int64_t acc_rounds_ = 0;
   PartialResult result_;
   PartialSpec result_spec_;
   int64_t result_round_ = -1;

@@ -1,7 +1,7 @@
 // HetsyncPartialAllreduce: thin AsyncOpKernel over engine::PartialAllreduceOp (eager-SGD solo/majority allreduce).
 // Fuses the N inputs into one proposal, lets the engine deposit it and wait for its round, then splits the round's
-// sum back into N outputs divided by the number of contributors (NAP), with the ADS response (§5.1) as two more
-// outputs: info = [included, nap, round, initiator, staleness, active] and the per-rank contributor flags.
+// result (divided by the engine) back into N outputs, with the ADS response (§5.1) as two more outputs:
+// info = [included, nap, round, initiator, staleness, active, rounds] and the per-rank contributor flags.
 #include <cstring>
 #include <memory>
 #include <string>
@@ -31,6 +31,7 @@ REGISTER_OP("HetsyncPartialAllreduce")
     .Attr("seed: int = 0")
     .Attr("timeout_seconds: float = -1")
     .Attr("wire_half: bool = false")
+    .Attr("late: {'latest', 'accumulate'} = 'latest'")
     .Input("tensors: N * T")
     .Output("averaged: N * T")
     .Output("info: int64")
@@ -40,27 +41,24 @@ REGISTER_OP("HetsyncPartialAllreduce")
       int n = 0;
       TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
       for (int i = 0; i < n; ++i) c->set_output(i, c->input(i));
-      c->set_output(n, c->Vector(6));
+      c->set_output(n, c->Vector(7));
       c->set_output(n + 1, c->Vector(c->UnknownDim()));
       return tensorflow::OkStatus();
     })
     .Doc(R"doc(
 One call of the persistent partial allreduce `collective` (eager-SGD solo or majority allreduce).
-averaged: the sum of the contributions in the round this call returns, divided by their number (NAP).
+averaged: late='latest': the round's sum of contributions divided by their number (NAP); late='accumulate':
+  the sum, over every round since this rank's previous call, of the round's sum divided by the world size.
 info: [included (this call's tensors are in it), nap, round, initiator, staleness (rounds; -1 if not included),
-  active (ranks whose call waited for the round)].
+  active (ranks whose call waited for the round), rounds (in `averaged`)].
 contributors: per rank, 0: no data in the round, 1: stale data sent passively, 2: the data of a waiting call.
 )doc");
 
-template <typename T>
-void SplitDivided(const char* sum, const std::vector<Tensor*>& outs, int nap) {
-  const T* src = reinterpret_cast<const T*>(sum);
-  const T d = static_cast<T>(nap > 0 ? nap : 1);
+void Split(const char* src, const std::vector<Tensor*>& outs) {
   for (Tensor* out : outs) {
-    T* dst = out->flat<T>().data();
-    const int64_t n = out->NumElements();
-    for (int64_t i = 0; i < n; ++i) dst[i] = src[i] / d;
-    src += n;
+    const size_t bytes = out->TotalBytes();
+    if (bytes) std::memcpy(out->data(), src, bytes);
+    src += bytes;
   }
 }
 
@@ -76,6 +74,9 @@ class PartialAllreduceKernel : public AsyncOpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("timeout_seconds", &timeout_));
     OP_REQUIRES_OK(c, c->GetAttr("T", &tf_dtype_));
     OP_REQUIRES_OK(c, c->GetAttr("wire_half", &spec_.wire_half));
+    std::string late;
+    OP_REQUIRES_OK(c, c->GetAttr("late", &late));
+    spec_.accumulate = late == "accumulate";
     OP_REQUIRES(c, !spec_.wire_half || tf_dtype_ == tensorflow::DT_FLOAT,
                 tensorflow::errors::InvalidArgument("HetsyncPartialAllreduce: wire_half needs float32 tensors"));
     OP_REQUIRES(c, FromTf(tf_dtype_, &spec_.dtype),
@@ -101,7 +102,7 @@ class PartialAllreduceKernel : public AsyncOpKernel {
     spec.shape_hash = Fnv1a64(sig.data(), sig.size());
     spec.desc = std::string(DataTypeName(spec.dtype)) + " x " + std::to_string(total) + " " + sig + " (" +
                 PartialModeName(spec.mode) + ", seed " + std::to_string(spec.seed) +
-                (spec.wire_half ? ", fp16 wire)" : ")");
+                (spec.wire_half ? ", fp16 wire" : "") + (spec.accumulate ? ", accumulate)" : ")");
     if (spec.desc.size() >= static_cast<size_t>(kPartialDescChars)) {
       spec.desc = spec.desc.substr(0, kPartialDescChars - 4) + "...";
     }
@@ -112,7 +113,7 @@ class PartialAllreduceKernel : public AsyncOpKernel {
     }
     Tensor* info = nullptr;
     Tensor* contributors = nullptr;
-    OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(n_, TensorShape({6}), &info), done);
+    OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(n_, TensorShape({7}), &info), done);
     OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(n_ + 1, TensorShape({engine.size()}), &contributors), done);
     auto buffers = std::make_shared<std::vector<Tensor>>(2);
     const size_t esize = DataTypeSize(spec.dtype);
@@ -127,18 +128,13 @@ class PartialAllreduceKernel : public AsyncOpKernel {
     }
     auto result = std::make_shared<PartialResult>();
     const char* sum = static_cast<const char*>((*buffers)[1].data());
-    const DataType dtype = spec.dtype;
-    auto on_done = [ctx, done, outputs, info, contributors, result, sum, dtype, buffers](const Status& s) {
+        auto on_done = [ctx, done, outputs, info, contributors, result, sum, buffers](const Status& s) {
       if (!s.ok) {
         ctx->SetStatus(ToTf(s));
         done();
         return;
       }
-      if (dtype == DataType::kFloat64) {
-        SplitDivided<double>(sum, outputs, result->nap);
-      } else {
-        SplitDivided<float>(sum, outputs, result->nap);
-      }
+      Split(sum, outputs);
       auto iv = info->vec<int64_t>();
       iv(0) = result->included ? 1 : 0;
       iv(1) = result->nap;
@@ -146,6 +142,7 @@ class PartialAllreduceKernel : public AsyncOpKernel {
       iv(3) = result->initiator;
       iv(4) = result->staleness;
       iv(5) = result->active;
+      iv(6) = result->rounds;
       auto cv = contributors->vec<int32_t>();
       for (int64_t i = 0; i < cv.size(); ++i) {
         cv(i) = i < static_cast<int64_t>(result->contributors.size()) ? result->contributors[i] : 0;
