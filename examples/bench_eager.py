@@ -30,6 +30,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+from benchmark import mean_curve  # noqa: E402  (rows here: time, loss, accuracy, step)
 PARTS = ("micro", "hyperplane", "imbalance")
 DELAYS = (1.0, 1.5, 2.0)  # hyperplane: delay of the one slowed process, in base steps
 GOALS = {"micro": {"solo": 20.0, "majority": 2.0}, "hyperplane": {1.0: 1.6, 1.5: 1.9, 2.0: 2.2},
@@ -93,17 +96,6 @@ def train(args, mode, task, log_dir, slowdown):
         curves[int(rows[0]["rank"])] = [(float(r["time_s"]), float(r["loss"]), float(r["accuracy"] or "nan"),
                                          int(r["step"])) for r in rows]
     return summaries, curves
-
-
-def mean_curve(curves, column):
-    """[(t, mean over ranks of their latest value)] (column 1: loss, 2: accuracy)."""
-    events = sorted((row[0], rank, row[column]) for rank, rows in curves.items() for row in rows)
-    latest = {rank: rows[0][column] for rank, rows in curves.items()}
-    out = []
-    for t, rank, value in events:
-        latest[rank] = value
-        out.append((t, sum(latest.values()) / len(latest)))
-    return out
 
 
 def first_time(curve, reached):

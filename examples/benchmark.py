@@ -67,15 +67,21 @@ def load_curves(log_dir):
     return curves
 
 
-def mean_loss_curve(curves):
-    """[(t, mean over ranks of their latest loss at t)] on the union of evaluation times."""
-    events = sorted((t, rank, loss) for rank, rows in curves.items() for t, _, loss, _ in rows)
-    latest = {rank: rows[0][2] for rank, rows in curves.items()}
+def mean_curve(curves, column):
+    """[(t, mean over ranks of their latest value in ``column`` at t)] on the union of evaluation times; rows are
+    tuples whose first item is the time."""
+    events = sorted((row[0], rank, row[column]) for rank, rows in curves.items() for row in rows)
+    latest = {rank: rows[0][column] for rank, rows in curves.items()}
     curve = []
-    for t, rank, loss in events:
-        latest[rank] = loss
+    for t, rank, value in events:
+        latest[rank] = value
         curve.append((t, sum(latest.values()) / len(latest)))
     return curve
+
+
+def mean_loss_curve(curves):
+    """[(t, mean over ranks of their latest loss at t)] (rows: time, step, loss, accuracy)."""
+    return mean_curve(curves, 2)
 
 
 def time_to_target(curve, target):

@@ -52,9 +52,10 @@ class EagerSGD(SyncAlgorithm):
                         "with the partial allreduce in hetsync's engine (MPI, host memory)",
         "device_sparse": "it places Horovod's sparse gradient allgather ops on a device; sync={mode!r} makes "
                          "gradients dense and exchanges them with the partial allreduce in hetsync's engine",
-        "gradient_predivide_factor": "the partial allreduce sums the contributions and divides once, by the number "
-                                     "of ranks that contributed",
-        "op": "the partial allreduce averages over the ranks that contributed (op=Average, Horovod's default)",
+        "gradient_predivide_factor": "the partial allreduce of sync={mode!r} sums the contributions and divides "
+                                     "once (by the contributors, or by the world size with late='accumulate')",
+        "op": "the partial allreduce of sync={mode!r} averages (op=Average, Horovod's default): over the "
+              "contributors, or every contribution with weight 1/P with late='accumulate'",
         "num_groups": "it batches gradient allreduces into fusion groups; sync={mode!r} sends all gradients in one "
                       "partial allreduce per step (one per dtype)",
         "groups": "it batches gradient allreduces into fusion groups; sync={mode!r} sends all gradients in one "
