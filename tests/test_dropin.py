@@ -26,8 +26,14 @@ def summaries(path):
     return [json.load(open(path / f"summary{r}.json")) for r in range(4)]
 
 
+def first_error(text):
+    """The first traceback of a failed job (the tail shows only the other ranks' shutdown errors)."""
+    at = text.find("Traceback")
+    return text[max(0, at - 500):at + 4000] if at >= 0 else ""
+
+
 def check_clean(proc, out):
-    assert proc.returncode == 0, proc.stdout[-8000:]
+    assert proc.returncode == 0, first_error(proc.stdout) + "\n...\n" + proc.stdout[-6000:]
     assert "Stalled ranks" not in proc.stdout and "stall" not in proc.stdout.lower(), proc.stdout[-8000:]
     runs = summaries(out)
     assert len({s["weights_checksum"] for s in runs}) == 1, [s["weights_checksum"] for s in runs]
