@@ -182,8 +182,7 @@ void Engine::Loop() {
         // headers (EXCLUDE while this rank is away) even when this rank has nothing of its own to do. With
         // partial-allreduce schedules, every 100 us: an activation is forwarded (and the round's exchange starts)
         // one wake-up after it arrives, and a round's latency is a few such hops.
-        auto nap = ctx_.partial.Pending() >= 0 && ctx_.counters->partial_schedules > 0 ? std::chrono::microseconds(100)
-                                                                                        : std::chrono::microseconds(1000);
+        auto nap = std::chrono::microseconds(ctx_.counters->partial_schedules > 0 ? 100 : 1000);
         cv_.wait_for(lock, nap, [this] { return stop_ || !queue_.empty(); });
       }
       if (stop_) break;
