@@ -41,3 +41,8 @@ def test_partial_allreduce_solo_majority_persistent_mismatch_dead_rank():
 def test_partial_allreduce_non_power_of_two_world():
     proc = run_mpi(3, "tests/mpi/engine_partial.py", "quick", timeout=240)
     assert_ok(proc, 3)
+
+
+def test_hop_queues_standard_backup_staleness_skip_withdrawal_failures():
+    proc = run_mpi(6, "tests/mpi/engine_hop.py", timeout=240)
+    assert_ok(proc, 6)

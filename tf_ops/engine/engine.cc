@@ -149,6 +149,7 @@ Status Engine::Start(double timeout_seconds, int cache_size) {
   }
   ctx_.control.Start(ctx_);
   ctx_.partial.Start(ctx_);
+  ctx_.hop.Start(ctx_);
   thread_ = std::thread([this] { Loop(); });
   running_ = true;
   return Status::OK();
@@ -182,7 +183,8 @@ void Engine::Loop() {
         // headers (EXCLUDE while this rank is away) even when this rank has nothing of its own to do. With
         // partial-allreduce schedules, every 100 us: an activation is forwarded (and the round's exchange starts)
         // one wake-up after it arrives, and a round's latency is a few such hops.
-        auto nap = std::chrono::microseconds(ctx_.counters->partial_schedules > 0 ? 100 : 1000);
+        const bool fast = ctx_.counters->partial_schedules > 0 || ctx_.hop.Sets() > 0;
+        auto nap = std::chrono::microseconds(fast ? 100 : 1000);
         cv_.wait_for(lock, nap, [this] { return stop_ || !queue_.empty(); });
       }
       if (stop_) break;
@@ -192,6 +194,7 @@ void Engine::Loop() {
     ctx_.busy_ = false;
     if (ctx_.control.Poll(ctx_)) ctx_.MarkProgress();
     if (ctx_.partial.Poll(ctx_)) ctx_.MarkProgress();  // rounds run here whether or not this rank called
+    if (ctx_.hop.Poll(ctx_)) ctx_.MarkProgress();      // Hop updates and tokens arrive while the worker computes
     for (auto& op : incoming) {
       if (op->Serial()) {
         serial_waiting.push_back(std::move(op));
@@ -310,6 +313,7 @@ Status Engine::Shutdown(bool drain) {
     if (!fin_now) {
       ctx_.control.Stop(ctx_);
       ctx_.partial.Stop(ctx_);
+      ctx_.hop.Stop(ctx_);
     }
   }
   last_backend_stats_ = backend_->Stats();

@@ -25,6 +25,7 @@
 #include "engine/backend.h"
 #include "engine/common.h"
 #include "engine/control.h"
+#include "engine/hop.h"
 #include "engine/partial.h"
 
 namespace hetsync {
@@ -82,6 +83,7 @@ class EngineContext {
   bool withdrawn = false;  // this rank withdrew in this session
   ControlPlane control;    // the mailbox and this rank's availability (control.h)
   PartialCollectives partial;  // persistent partial-allreduce schedules (partial.h)
+  HopQueues hop;               // Hop's update and token queues (hop.h)
   std::map<uint64_t, int64_t> implicit_seq;  // per-group call counters: implicit instance keys
 
   // ---- failure: after a timeout, stale control messages may be in flight, so every later op fails fast ----
@@ -119,8 +121,8 @@ class EngineContext {
   std::vector<std::shared_ptr<void>> abandoned_;
 };
 
-// A request driven by the progress thread. Subclasses: PReduceOp, WithdrawOp, RejoinOp (preduce.h); future ops
-// (eager-SGD solo/majority allreduce, Hop queue transfers) plug in the same way -- see docs/engine.md.
+// A request driven by the progress thread. Subclasses: PReduceOp, WithdrawOp, RejoinOp (preduce.h),
+// PartialAllreduceOp (partial_op.h), the Hop ops (hop_op.h); new ones plug in the same way -- see docs/engine.md.
 class Operation {
  public:
   using Callback = std::function<void(const Status&)>;

@@ -1,0 +1,196 @@
+"""``sync="hop"``: Hop, heterogeneity-aware decentralized training with update and token queues (Hop §3-§6).
+
+Every worker keeps its own parameters and, each iteration k, runs the parallel computation graph of §3.2 (Fig 7)
+inside Keras' compiled train step:
+  Send x_k to its out-neighbours (the engine's progress thread sends while the step computes) -> Compute the
+  gradients on x_k -> Recv(k) from its in-neighbours -> Reduce (eq. 1; eq. 2 with staleness) -> Apply the gradients
+  -> enter k + 1: take a token from each out-neighbour, grant one to each in-neighbour (§4.2) -> Send x_{k+1}.
+The queues live in the C++ engine (tf_ops/engine/hop*.h; hetsync/ops_hop.py).
+
+Options (the issue's names are the public API):
+  topology: "ring", "ring-based" (default), "double-ring", "node-allreduce-ring", or a list of in-neighbour lists
+    (hop_topology.py).  The spectral gap of W (eq. 1) is logged on rank 0 at start.
+  max_ig: token queue size, the bound on how far a worker runs ahead of an out-neighbour (§4.2).  Default 4.
+  backup_workers: N (§4.3): a worker needs |N_in| - N updates per iteration and takes any others already there.
+  staleness: s (§4.4): each in-neighbour's newest update no older than s iterations, averaged by eq. (2).
+  skip, skip_trigger: J, G (§5): a worker more than G iterations behind all its out-neighbours (read from its
+    token counts) jumps up to J iterations, after a Recv(k-1) + Reduce, taking the tokens the jump needs.  Needs
+    backup_workers or staleness (with neither, no worker can fall more than one iteration behind an out-neighbour,
+    Theorem 1, so it would never jump).  skip_trigger defaults to max_ig // 2.
+  node_size, node_links: machines for "node-allreduce-ring" (default: Horovod's local_size) and how they are joined.
+  timeout: seconds a Recv or a token wait may block before it fails naming the neighbours (default: init's).
+Defaults give standard decentralized training (D-PSGD on the parallel graph), the paper's baseline.
+
+Like every decentralized mode, workers withdraw from the queues for each global consensus average (epoch ends,
+fit_hook.py) and every session then restarts the queues at iteration 0 from the common model.  A worker that stops
+early withdraws; its neighbours stop waiting for it (docs/engine.md, "Hop's queues").
+"""
+import itertools
+import sys
+
+import tensorflow as tf
+
+from hetsync.algorithms import register
+from hetsync.algorithms import hop_topology as topo
+from hetsync.algorithms._wrap import wrap_post_update
+from hetsync.algorithms.decentralized import DecentralizedAlgorithm
+
+_WRAPS = itertools.count()  # queue set names: the n-th wrapped optimizer of the process (same order on all ranks)
+
+
+def _int(value, name, low, allow_none=False):
+    if value is None and allow_none:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        extra = " or None" if allow_none else ""
+        raise ValueError(f"{name} must be an int >= {low}{extra}, got {value!r}")
+
+
+@register
+class Hop(DecentralizedAlgorithm):
+    name = "hop"
+    OPTIONS = {"topology": "ring-based", "max_ig": 4, "backup_workers": 0, "staleness": None, "skip": None,
+               "skip_trigger": None, "node_size": None, "node_links": 1, "timeout": None}
+
+    def validate(self):
+        o = self.options
+        _int(o["max_ig"], "max_ig", 1)
+        _int(o["backup_workers"], "backup_workers", 0)
+        _int(o["staleness"], "staleness", 0, allow_none=True)
+        _int(o["skip"], "skip", 1, allow_none=True)
+        _int(o["skip_trigger"], "skip_trigger", 0, allow_none=True)
+        if o["skip"] is not None and not o["backup_workers"] and o["staleness"] is None:
+            raise ValueError("skip needs backup_workers >= 1 or staleness: in standard decentralized training a "
+                             "worker is never more than one iteration behind an out-neighbour (Hop Theorem 1), so "
+                             "it would never jump")
+        if o["skip_trigger"] is not None and o["skip"] is None:
+            raise ValueError("skip_trigger is set but skip is not: set skip=<max iterations per jump>")
+        if o["node_links"] not in (1, "all"):
+            raise ValueError(f"node_links must be 1 or 'all', got {o['node_links']!r}")
+        if o["timeout"] is not None and not o["timeout"] > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {o['timeout']!r}")
+        t = o["topology"]
+        if isinstance(t, str) and t not in topo.NAMED:
+            raise ValueError(f"unknown topology {t!r}; valid: {', '.join(topo.NAMED)}, or a list of in-neighbour "
+                             "lists")
+        if not isinstance(t, (str, list, tuple)):
+            raise ValueError(f"topology must be a name or a list of in-neighbour lists, got {t!r}")
+        if _horovod_ready():
+            self.graph()  # errors that need the world size: at construction, on every rank
+
+    @property
+    def trigger(self):
+        g = self.options["skip_trigger"]
+        return self.options["max_ig"] // 2 if g is None else g
+
+    def graph(self):
+        """in_lists for this job (every rank computes the same), after the checks that need the world size."""
+        import horovod.tensorflow as hvd
+
+        size = hvd.size()
+        node_size = self.options["node_size"] or hvd.local_size()
+        in_lists = topo.build(self.options["topology"], size, node_size, self.options["node_links"])
+        backup = self.options["backup_workers"]
+        short = [i for i, ins in enumerate(in_lists) if ins and backup >= len(ins)]
+        if short:
+            degree = min(len(in_lists[i]) for i in short)
+            raise ValueError(f"backup_workers={backup} must be < |N_in| (Hop §4.3): ranks {short} have only {degree} "
+                             f"in-neighbours in topology {self._topology_name()}")
+        return in_lists
+
+    def _topology_name(self):
+        t = self.options["topology"]
+        return repr(t) if isinstance(t, str) else "(user adjacency)"
+
+    def wrap(self, optimizer):
+        import horovod.tensorflow as hvd
+
+        from hetsync import _runtime
+        from hetsync import ops_hop
+
+        _runtime.require_init("sync='hop'")
+        self.in_lists = self.graph()
+        self.out_lists = topo.out_lists(self.in_lists)
+        self.rank = hvd.rank()
+        self.spectral_gap = topo.spectral_gap(self.in_lists)
+        if self.rank == 0:
+            print(f"hetsync hop: topology {self._topology_name()}: {topo.describe(self.in_lists)}", file=sys.stderr)
+        self.queue = f"hop-{next(_WRAPS)}"
+        ops_hop.hop_configure(self.queue, self.in_lists[self.rank], self.out_lists[self.rank],
+                              self.options["max_ig"], self.options["backup_workers"], self.options["staleness"],
+                              self.compression)
+        with tf.init_scope():
+            self._steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetsync_hop_steps")
+            self._updates = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetsync_hop_updates")
+            self._waited_us = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetsync_hop_waited_us")
+        return wrap_post_update(optimizer, self)
+
+    # -- the step --------------------------------------------------------------------------------------------
+    def _recv_assign(self, variables, offset):
+        """Recv(k + offset) + Reduce, written into the variables; returns the info vector."""
+        from hetsync import ops_hop
+
+        averaged, info = ops_hop.hop_recv([v.read_value() for v in variables], self.queue, offset,
+                                          self.options["timeout"])
+        assigns = [v.assign(tf.cast(a, v.dtype)) for v, a in zip(variables, averaged)]
+        with tf.control_dependencies(assigns):
+            return tf.identity(info)
+
+    def before_update(self, grads, variables):
+        """Send (only at a session's first step: after_update sends every later x_k), Recv(k), Reduce."""
+        from hetsync import ops_hop
+
+        sent = ops_hop.hop_send([v.read_value() for v in variables], self.queue, self.compression)
+        with tf.control_dependencies([sent]):
+            info = self._recv_assign(variables, 0)
+        counted = [self._steps.assign_add(1), self._updates.assign_add(info[1]), self._waited_us.assign_add(info[5])]
+        with tf.control_dependencies(counted):
+            return [tf.identity(g) for g in grads]
+
+    def after_update(self, variables, iterations):
+        """Enter the next iteration (a jump first if §5 says so), then Send the new parameters."""
+        from hetsync import ops_hop
+
+        steps = tf.constant(1, tf.int64)
+        if self.options["skip"] is not None:
+            jump = ops_hop.hop_jump(self.queue, self.options["skip"], self.trigger)
+
+            def renew():  # §5: Recv(k' - 1) + Reduce before jumping to k'
+                with tf.control_dependencies([self._recv_assign(variables, jump)]):
+                    return tf.identity(jump)
+
+            steps = 1 + tf.cond(jump > 0, renew, lambda: tf.constant(0, tf.int64))
+        entered = ops_hop.hop_advance(self.queue, steps, self.options["timeout"])
+        with tf.control_dependencies([entered]):
+            ops_hop.hop_send([v.read_value() for v in variables], self.queue, self.compression)
+
+    # -- reports ---------------------------------------------------------------------------------------------
+    def metrics(self):
+        """Per-worker: iteration, lag behind the slowest out-neighbour, queue depth (now and max), dropped stale
+        updates, skips and skipped iterations, sends made/skipped (§6.2), mean updates reduced per step, seconds
+        waited in Recv, and per neighbour its token count and iteration gap (its iteration - ours)."""
+        from hetsync import ops_hop
+
+        report = ops_hop.hop_query(self.queue, self.options["skip"] or 0, self.trigger)
+        s = report.stats
+        steps = int(self._steps.numpy())
+        out = {k: s[k] for k in ("iteration", "lag", "queue_size", "max_queue", "dropped", "skips", "skipped_iters",
+                                 "sends", "sends_skipped")}
+        out["steps"] = steps
+        out["mean_updates"] = int(self._updates.numpy()) / steps if steps else 0.0
+        out["recv_wait_s"] = int(self._waited_us.numpy()) * 1e-6
+        for n in report.neighbours:
+            if n["out"]:
+                out[f"tokens_from_{n['peer']}"] = n["tokens"]
+            if n["known_iteration"] >= 0:
+                out[f"gap_to_{n['peer']}"] = n["known_iteration"] - s["iteration"]
+        return out
+
+
+def _horovod_ready():
+    try:
+        import horovod.tensorflow as hvd
+
+        return hvd.is_initialized()
+    except (ImportError, ValueError, AttributeError):
+        return False
