@@ -145,6 +145,10 @@ void HopQueues::Apply(EngineContext& ctx, HopSet& set, std::shared_ptr<std::vect
     set.state.OnTokens(h.sender, h.iter, h.n);
     return;
   }
+  if (ctx.withdrawn) {  // this worker receives nothing more in this session
+    set.state.Discard();
+    return;
+  }
   HopEntry e;
   e.iter = h.iter;
   e.sender = h.sender;
@@ -157,6 +161,8 @@ void HopQueues::NewSession(EngineContext& ctx) {
   session_ = ctx.session;
   for (auto& kv : sets_) {
     HopSet& s = kv.second;
+    const int64_t now[4] = {s.state.dropped(), s.state.skips(), s.state.skipped_iters(), s.state.used()};
+    for (int i = 0; i < 4; ++i) s.before[i] += now[i];
     s.state = HopState(s.cfg);
     s.history.clear();
     s.failure.clear();
@@ -245,7 +251,7 @@ int HopQueues::SendUpdate(EngineContext& ctx, uint64_t id, std::shared_ptr<std::
   if (set.count < 0) set.count = h->count;
   std::vector<MPI_Request> reqs;
   for (int j : set.cfg.out) {
-    if (!set.state.ShouldSendTo(j)) {
+    if (!set.state.ShouldSendTo(j) || ctx.done.count(j)) {  // past this iteration (§6.2 (b)), or withdrew
       ++set.sends_skipped;
       continue;
     }

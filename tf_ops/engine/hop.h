@@ -61,7 +61,8 @@ struct HopSet {
   int64_t count = -1;  // elements per update (fixed by this rank's first send; Recv checks the updates' sizes)
   HopState state{HopConfig()};
   int64_t sends = 0, sends_skipped = 0;  // updates sent / not sent because the receiver was past (§6.2 (b))
-  int64_t max_queue = 0;                 // largest QueueSize() seen this session (§4.2's bound)
+  int64_t max_queue = 0;                 // largest QueueSize() seen (§4.2's bound)
+  int64_t before[4] = {0, 0, 0, 0};      // dropped, skips, skipped iterations, used: of earlier sessions
   std::vector<int64_t> history;          // (iteration, steady-clock ns) of each entry into an iteration
   std::string failure;                   // e.g. a neighbour sent updates of another size
 };

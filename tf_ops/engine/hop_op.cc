@@ -181,8 +181,10 @@ void HopQueryOp::Start(EngineContext& ctx) {
                                                      st.KnownIter(p), st.QueueSizeFrom(p), st.absent(p) ? 1 : 0});
   }
   if (lag == std::numeric_limits<int64_t>::max()) lag = 0;
-  out_->stats = {st.iter(), st.QueueSize(), set->max_queue, st.dropped(), st.skips(), st.skipped_iters(),
-                 set->sends, set->sends_skipped, st.used(), st.PlanJump(skip_, trigger_),
+  const int64_t* b = set->before;  // counters are totals over the sessions; the iteration is this session's
+  out_->stats = {st.iter(), st.QueueSize(), set->max_queue, b[0] + st.dropped(), b[1] + st.skips(),
+                 b[2] + st.skipped_iters(), set->sends, set->sends_skipped, b[3] + st.used(),
+                 st.PlanJump(skip_, trigger_),
                  static_cast<int64_t>(ctx.session), absent, lag};
   out_->history = set->history;
   Finish(Status::OK());

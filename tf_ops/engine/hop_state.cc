@@ -33,6 +33,17 @@ bool HopState::OnUpdate(HopEntry e) {
     latest_.emplace(e.sender, std::move(e));
     return true;
   }
+  const int64_t horizon = iter_ + cfg_.max_ig;
+  if (e.iter > horizon) {
+    // Only possible while this worker was absent to the sender (it took our tokens on credit): keep only the
+    // sender's newest such entry. The older ones are never waited for (a newer one of the sender arrived).
+    for (auto& q : queues_) {
+      auto keep = std::remove_if(q.begin(), q.end(),
+                                 [&](const HopEntry& x) { return x.sender == e.sender && x.iter > horizon; });
+      dropped_ += static_cast<int64_t>(q.end() - keep);
+      q.erase(keep, q.end());
+    }
+  }
   queues_[static_cast<size_t>(e.iter % static_cast<int64_t>(queues_.size()))].push_back(std::move(e));
   return true;
 }

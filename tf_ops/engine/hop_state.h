@@ -91,6 +91,7 @@ class HopState {
   int64_t skips() const { return skips_; }
   int64_t skipped_iters() const { return skipped_iters_; }
   int64_t used() const { return used_; }
+  void Discard() { ++dropped_; }  // an update that arrived after this worker withdrew
   bool absent(int peer) const { return absent_.count(peer) > 0; }
 
  private:
