@@ -53,3 +53,11 @@ def test_eager_sgd_reaches_target_with_random_slowdown(mode, tmp_path):
     assert all(s["consensus_loss"] <= 1.0 for s in summaries), [s["consensus_loss"] for s in summaries]
     metrics = summaries[0].get("algorithm") or {}
     assert metrics.get("calls") == 80 and 1 <= metrics.get("mean_nap", 0) <= 4, metrics
+
+
+def test_hop_hybrid_with_a_slow_rank_trains_in_fit_and_bad_options_raise_everywhere():
+    """sync='hop' (staleness + backup workers + skipping) in Keras' fit with rank 3 5x slower: one model, a loss
+    target (allreduce reaches ~0.7 in the same 80 steps; the untrained loss is 2.3), the slow rank jumps; and
+    options that need the world size raise ValueError on every rank."""
+    proc = run_mpi(4, "tests/mpi/keras_hop.py", 0.9, launcher="horovodrun", timeout=300)
+    assert_ok(proc, 4)

@@ -83,12 +83,14 @@ class Hop(DecentralizedAlgorithm):
         g = self.options["skip_trigger"]
         return self.options["max_ig"] // 2 if g is None else g
 
-    def graph(self):
-        """in_lists for this job (every rank computes the same), after the checks that need the world size."""
-        import horovod.tensorflow as hvd
+    def graph(self, size=None, local_size=None):
+        """in_lists for this job (every rank computes the same), after the checks that need the world size
+        (default: Horovod's size and local_size)."""
+        if size is None:
+            import horovod.tensorflow as hvd
 
-        size = hvd.size()
-        node_size = self.options["node_size"] or hvd.local_size()
+            size, local_size = hvd.size(), hvd.local_size()
+        node_size = self.options["node_size"] or local_size or size
         in_lists = topo.build(self.options["topology"], size, node_size, self.options["node_links"])
         backup = self.options["backup_workers"]
         short = [i for i, ins in enumerate(in_lists) if ins and backup >= len(ins)]
