@@ -64,6 +64,38 @@ def _run(cmd, timeout):
     return proc.stdout
 
 
+def parser(doc, parts, steps, out):
+    """The arguments every part-based benchmark takes (this one and bench_hop.py)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--parts", default=",".join(parts))
+    p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--job-timeout", type=float, default=900)
+    p.add_argument("--out", default=out)
+    p.add_argument("--from-logs", action="store_true", help="rebuild the tables and the plot from --out's logs")
+    return p
+
+
+def chosen_parts(p, args, parts):
+    """The parts asked for (p.error on an unknown one); creates --out."""
+    chosen = [x for x in args.parts.split(",") if x]
+    bad = [x for x in chosen if x not in parts]
+    if bad:
+        p.error(f"unknown parts {bad}; valid: {', '.join(parts)}")
+    os.makedirs(args.out, exist_ok=True)
+    return chosen
+
+
+def write_results(args, results, text):
+    """results.json (the arguments and every number) and results.md (the tables) under --out."""
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump({"args": vars(args), **results}, f, indent=1, default=str)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(text + "\n")
+
+
 def micro(args, progress):
     results = []
     for skew in (float(v) for v in args.skew_ms.split(",")):
@@ -226,28 +258,16 @@ def plot(curves, path):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--parts", default=",".join(PARTS))
-    p.add_argument("--workers", type=int, default=8)
-    p.add_argument("--steps", type=int, default=150)
+    p = parser(__doc__, PARTS, 150, "results/eager")
     p.add_argument("--skew-ms", default="2,10,20", help="comma list: one micro run per skew (ms per rank)")
     p.add_argument("--micro-reps", type=int, default=60)
     p.add_argument("--base-time", type=float, default=0.04, help="hyperplane: emulated compute per step, s")
     p.add_argument("--imb-base-time", type=float, default=0.02, help="imbalance: emulated compute per step, s")
     p.add_argument("--delay-range", default="0.01,0.08")
     p.add_argument("--target-accuracy", type=float, default=0.9)
-    p.add_argument("--eval-every", type=int, default=10)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--job-timeout", type=float, default=900)
-    p.add_argument("--out", default="results/eager")
-    p.add_argument("--from-logs", action="store_true", help="rebuild the tables and the plot from --out's logs")
     args = p.parse_args(argv)
     args.lr = {"hyperplane": 0.05, "digits": 0.2}
-    parts = [x for x in args.parts.split(",") if x]
-    bad = [x for x in parts if x not in PARTS]
-    if bad:
-        p.error(f"unknown parts {bad}; valid: {', '.join(PARTS)}")
-    os.makedirs(args.out, exist_ok=True)
+    parts = chosen_parts(p, args, PARTS)
     total = (len(args.skew_ms.split(",")) * ("micro" in parts) + 2 * len(DELAYS) * ("hyperplane" in parts)
              + 2 * ("imbalance" in parts))
     progress = Progress(total)
@@ -258,12 +278,8 @@ def main(argv=None):
         results["hyperplane"], curves["hyperplane"] = hyperplane(args, progress)
     if "imbalance" in parts:
         results["imbalance"], curves["imbalance"] = imbalance(args, progress)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump({"args": {k: v for k, v in vars(args).items()}, **{k: v for k, v in results.items()}}, f, indent=1,
-                  default=str)
     text = markdown(results, args)
-    with open(os.path.join(args.out, "results.md"), "w") as f:
-        f.write(text + "\n")
+    write_results(args, results, text)
     plot(curves, os.path.join(args.out, "eager.png"))
     print(text)
 

@@ -65,20 +65,31 @@ def step_delay(rng, rank, slow, factor, base=0.004, p_random=None):
     time.sleep(d)
 
 
+def iterate(name, rank, n_iter, delay, check, gradient=0.0, timeout=None):
+    """n_iter iterations of the parallel graph on a parameter vector: Send, compute (delay), Recv + Reduce,
+    Apply (a constant "gradient"), advance.  check(info) looks at each Recv."""
+    x = np.full(DIM, float(rank), np.float32)
+    for _ in range(n_iter):
+        ops_hop.hop_send([x], name)
+        delay()
+        (avg,), info = ops_hop.hop_recv([x], name, timeout=timeout)
+        check(info)
+        x = avg.numpy() - gradient
+        ops_hop.hop_advance(name, timeout=timeout)
+    return x
+
+
 def standard(rank, size):
     in_lists = topo.build("ring", size)
     outs = topo.out_lists(in_lists)
     name, max_ig, n_iter = "std", 2, 40
     ops_hop.hop_configure(name, in_lists[rank], outs[rank], max_ig)
     rng = np.random.default_rng(rank)
-    x = np.full(DIM, float(rank), np.float32)
-    for _ in range(n_iter):
-        ops_hop.hop_send([x], name)
-        step_delay(rng, rank, slow=1, factor=5)
-        (avg,), info = ops_hop.hop_recv([x], name)
+
+    def check(info):
         assert int(info[1]) == len(in_lists[rank]), f"standard Recv used {int(info[1])} updates"
-        x = avg.numpy() - LR * (rank + 1)
-        ops_hop.hop_advance(name)
+
+    x = iterate(name, rank, n_iter, lambda: step_delay(rng, rank, slow=1, factor=5), check, LR * (rank + 1))
     # numpy: x_{k+1,i} = mean over {i} + N_in(i) of x_{k,j}, minus the rank's constant "gradient"
     want = np.array([float(r) for r in range(size)])
     for _ in range(n_iter):
@@ -98,14 +109,11 @@ def backup(rank, size):
     name, max_ig, n_iter = "bkp", 3, 60
     ops_hop.hop_configure(name, in_lists[rank], outs[rank], max_ig, backup=1)
     rng = np.random.default_rng(100 + rank)
-    x = np.full(DIM, float(rank), np.float32)
-    for _ in range(n_iter):
-        ops_hop.hop_send([x], name)
-        step_delay(rng, rank, slow=-1, factor=6, p_random=1.0 / size)
-        (avg,), info = ops_hop.hop_recv([x], name)
+
+    def check(info):
         assert int(info[1]) >= len(in_lists[rank]) - 1, f"backup Recv used {int(info[1])} updates"
-        x = avg.numpy()
-        ops_hop.hop_advance(name)
+
+    iterate(name, rank, n_iter, lambda: step_delay(rng, rank, slow=-1, factor=6, p_random=1.0 / size), check)
     worst = check_gaps(histories_of(name), in_lists,
                        lambda d, i, j: topo.gap_bound(d, i, j, max_ig, backup=1), "backup")
     stats = ops_hop.hop_query(name).stats
@@ -151,13 +159,8 @@ def withdrawal(ops, rank, size):
     outs = topo.out_lists(in_lists)
     name = "wd"
     ops_hop.hop_configure(name, in_lists[rank], outs[rank], 2)
-    x = np.full(DIM, float(rank), np.float32)
     stop_at = 10 if rank == 3 else 30
-    for _ in range(stop_at):
-        ops_hop.hop_send([x], name)
-        (avg,), _ = ops_hop.hop_recv([x], name, timeout=20)
-        x = avg.numpy()
-        ops_hop.hop_advance(name, timeout=20)
+    iterate(name, rank, stop_at, lambda: None, lambda info: None, timeout=20)
     if rank == 3:
         ops.withdraw()  # finished: its neighbours stop waiting for it
     assert int(ops_hop.hop_query(name).stats["iteration"]) == stop_at
@@ -166,10 +169,7 @@ def withdrawal(ops, rank, size):
     ops.rejoin()
     barrier()
     assert int(ops_hop.hop_query(name).stats["iteration"]) == 0, "a new session starts at iteration 0"
-    for _ in range(5):
-        ops_hop.hop_send([x], name)
-        ops_hop.hop_recv([x], name, timeout=20)
-        ops_hop.hop_advance(name, timeout=20)
+    iterate(name, rank, 5, lambda: None, lambda info: None, timeout=20)
     assert int(ops_hop.hop_query(name).stats["iteration"]) == 5
 
 

@@ -56,9 +56,15 @@ void HopQueues::Start(EngineContext& ctx) {
 }
 
 void HopQueues::Stop(EngineContext& ctx) {
+  // A matched receive cannot be cancelled, and waiting for it could hang on a peer that is gone: free the request
+  // and keep its buffer for good (MPI may still write it).
   for (auto& f : inflight_) {
-    MPI_Cancel(&f.req);
-    MPI_Wait(&f.req, MPI_STATUS_IGNORE);
+    int done = 0;
+    MPI_Test(&f.req, &done, MPI_STATUS_IGNORE);
+    if (!done) {
+      MPI_Request_free(&f.req);
+      ctx.Abandon(f.buf);
+    }
   }
   inflight_.clear();
 }

@@ -6,10 +6,19 @@
 #include <string>
 
 #include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/framework/types.h"
 #include "tensorflow/core/platform/status.h"
 
 namespace hetsync {
+
+// The TF names every kernel uses.
+using tensorflow::AsyncOpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+using tensorflow::TensorShape;
+using tensorflow::shape_inference::InferenceContext;
 
 inline tensorflow::Status ToTf(const Status& s) {
   if (s.ok) return tensorflow::OkStatus();

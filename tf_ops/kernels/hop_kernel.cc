@@ -15,13 +15,6 @@
 namespace hetsync {
 namespace {
 
-using tensorflow::AsyncOpKernel;
-using tensorflow::OpKernelConstruction;
-using tensorflow::OpKernelContext;
-using tensorflow::Tensor;
-using tensorflow::TensorShape;
-using tensorflow::shape_inference::InferenceContext;
-
 #define HOP_REQUIRE_ENGINE(ctx, done)                                                                        \
   OP_REQUIRES_ASYNC(ctx, Engine::Get().running(),                                                           \
                     tensorflow::errors::FailedPrecondition(                                                 \

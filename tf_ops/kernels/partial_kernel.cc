@@ -17,12 +17,6 @@
 namespace hetsync {
 namespace {
 
-using tensorflow::AsyncOpKernel;
-using tensorflow::OpKernelConstruction;
-using tensorflow::OpKernelContext;
-using tensorflow::Tensor;
-using tensorflow::TensorShape;
-
 REGISTER_OP("HetsyncPartialAllreduce")
     .Attr("T: {float, double}")
     .Attr("N: int >= 1")

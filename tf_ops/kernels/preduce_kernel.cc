@@ -18,11 +18,6 @@
 namespace hetsync {
 namespace {
 
-using tensorflow::AsyncOpKernel;
-using tensorflow::OpKernelConstruction;
-using tensorflow::OpKernelContext;
-using tensorflow::Tensor;
-
 REGISTER_OP("HetsyncPReduce")
     .Attr("T: {float, double, int32, int64}")
     .Attr("N: int >= 1")
