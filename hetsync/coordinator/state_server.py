@@ -1,0 +1,113 @@
+"""ESync's State Server as a plain state machine (ESync §4.1, Algorithm 2; §4.2's non-blocking queries).
+
+The server decides, before each local iteration of each worker, whether the worker should aggregate now (READY) or
+take another local step (NOT-READY).  The idea (§4): the slowest worker aggregates after every step of its own; a
+faster worker keeps taking local steps as long as one more step still ends before the slowest worker is ready, so
+when the slowest arrives at the aggregation the others are (nearly) there too.
+
+Records (Algorithm 2 line 2): ``(rank, local_iterations k, capability c, last_finish_time t_e, ready, round)``.
+``query(r, k, c, t_e, now)`` (QUERY-STATE) updates r's record and answers
+
+* NOT-READY when ``k == 0`` (every worker takes at least one step per round) or when the slowest worker has not
+  started this round yet (it is still in the previous aggregation: "has not completed the PULL");
+* READY when r is the slowest, or the slowest is already ready, or ``c_r + epsilon > rest_time`` with
+  ``rest_time = c_slowest - (now - t_e_slowest)``: the time until the slowest finishes its current step;
+* NOT-READY otherwise.
+
+``reset(r, round, t_e)`` (RESET-STATE-SERVER) after r's aggregation: ready cleared, k = 0, round advanced.
+
+Choices where the paper is silent (docs: README, "ESync"):
+
+* The slowest worker is the live worker with the largest capability.  A worker that finished training or is away
+  (in a global collective, between epochs; reported by its client) is not a candidate, so nobody waits for it.
+* ``rest_time`` is computed with the server's clock for ``now`` and the worker's ``t_e``: all workers and the
+  server are on one host (the coordinator is loopback-bound), so the clocks are the same monotonic clock.
+
+Pure Python, no gRPC and no clock of its own (``now`` is passed in), so it is tested alone with hypothesis
+(tests/test_state_server.py).
+"""
+import dataclasses
+
+READY, NOT_READY = True, False
+
+
+@dataclasses.dataclass
+class Record:
+    rank: int
+    k: int = 0              # local iterations in the current round
+    c: float = 0.0          # capability: seconds per local iteration (query RTT included in non-blocking mode)
+    t_e: float = 0.0        # when the worker finished its last local iteration
+    ready: bool = False
+    round: int = 0          # aggregations this worker has completed
+    state: str = "live"     # "live", "away" or "finished"
+    queries: int = 0
+    local_steps: int = 0    # over the whole run
+    rounds_ready_at: dict = dataclasses.field(default_factory=dict)  # round -> time it was told READY
+
+
+class StateServer:
+    """Algorithm 2 for ``size`` workers; ``epsilon`` is the boundary constant (seconds)."""
+
+    def __init__(self, size, epsilon=0.01):
+        if size < 1:
+            raise ValueError(f"size must be >= 1, got {size}")
+        if epsilon < 0:
+            raise ValueError(f"epsilon must be >= 0 seconds, got {epsilon}")
+        self.size, self.epsilon = size, float(epsilon)
+        self.records = [Record(r) for r in range(size)]
+
+    def _check(self, rank):
+        if not isinstance(rank, int) or not 0 <= rank < self.size:
+            raise ValueError(f"worker {rank!r} out of range for {self.size} workers")
+        return self.records[rank]
+
+    def slowest(self):
+        """The live worker with the largest capability (lowest rank on ties); None when none is live."""
+        live = [rec for rec in self.records if rec.state == "live"]
+        return max(live, key=lambda rec: (rec.c, -rec.rank)) if live else None
+
+    def query(self, rank, k, c, t_e, now):
+        """QUERY-STATE(r, k, c, t_e): READY (aggregate now) or NOT_READY (take another local step)."""
+        rec = self._check(rank)
+        if rec.state == "finished":
+            raise ValueError(f"worker {rank} has finished; it cannot query the State Server again")
+        rec.state = "live"
+        if k < rec.k and k != 0:
+            raise ValueError(f"worker {rank}: local iterations went back from {rec.k} to {k} without a reset")
+        rec.local_steps += max(0, k - rec.k)
+        rec.k, rec.c, rec.t_e = int(k), float(c), float(t_e)
+        rec.queries += 1
+        if rec.ready:
+            return READY
+        slow = self.slowest()
+        if rec.k == 0 or slow.round < rec.round:
+            return NOT_READY
+        rest_time = slow.c - (now - slow.t_e)
+        if slow is rec or slow.ready or rec.c + self.epsilon > rest_time:
+            rec.ready = True
+            rec.rounds_ready_at[rec.round] = now
+            return READY
+        return NOT_READY
+
+    def reset(self, rank, round_, t_e):
+        """RESET-STATE-SERVER(r, t, t_e): r aggregated and starts round ``round_`` at ``t_e``."""
+        rec = self._check(rank)
+        if round_ != rec.round + 1:
+            raise ValueError(f"worker {rank}: reset to round {round_}, expected {rec.round + 1}")
+        rec.round, rec.k, rec.ready, rec.t_e = round_, 0, False, float(t_e)
+
+    def away(self, rank):
+        """The worker left its steps (a global collective, an epoch end): nobody waits for it meanwhile."""
+        rec = self._check(rank)
+        if rec.state == "live":
+            rec.state = "away"
+
+    def finish(self, rank):
+        """The worker stopped training for good."""
+        self._check(rank).state = "finished"
+
+    def metrics(self):
+        """Per worker: state, round, local steps, queries, capability."""
+        return {"rounds": [rec.round for rec in self.records], "local_steps": [rec.local_steps for rec in self.records],
+                "queries": [rec.queries for rec in self.records], "state": [rec.state for rec in self.records],
+                "capability": [rec.c for rec in self.records]}

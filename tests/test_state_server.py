@@ -1,0 +1,112 @@
+"""ESync's State Server state machine (hetsync/coordinator/state_server.py) with hypothesis.
+
+A discrete-event simulation runs p workers of fixed capabilities (seconds per local step) through Algorithm 1:
+query; NOT-READY -> one local step; READY -> wait for the aggregation (all live workers ready), reset.  Checked:
+every round ends; the slowest worker is never told NOT-READY once it finished a step of the round; a worker's
+blocking time in the aggregation is below its own capability + epsilon (so below the fastest's for the fastest:
+§4.1's claim); a worker c times faster than the slowest takes about c local steps per round; away and finished
+workers are never waited for.
+"""
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hetsync.coordinator.state_server import NOT_READY, READY, StateServer
+
+EPS = 0.005
+
+
+def simulate(caps, rounds, eps=EPS, away=()):
+    """Runs ``rounds`` aggregations; returns (server, per-round local steps, per-round waits)."""
+    p = len(caps)
+    server = StateServer(p, epsilon=eps)
+    for r in away:
+        server.away(r)
+    live = [r for r in range(p) if r not in away]
+    now, steps, waits = 0.0, [], []
+    t_e = {r: 0.0 for r in live}
+    for rnd in range(rounds):
+        k = {r: 0 for r in live}
+        ready_at = {}
+        # each live worker: query, step while NOT-READY; events in time order
+        pending = {r: now for r in live}  # next query time
+        while len(ready_at) < len(live):
+            r = min((t, r) for r, t in pending.items() if r not in ready_at)[1]
+            t = pending[r]
+            answer = server.query(r, k[r], caps[r], t_e[r], t)
+            slow = server.slowest()
+            if r == slow.rank and k[r] >= 1:
+                assert answer == READY, f"the slowest worker {r} was told NOT-READY after a step (round {rnd})"
+            if answer == READY:
+                ready_at[r] = t
+            else:
+                k[r] += 1
+                t_e[r] = t + caps[r]
+                pending[r] = t_e[r]
+            assert sum(k.values()) < 10_000, "round never ends"
+        agg = max(ready_at.values())
+        for r in live:
+            waits.append((r, agg - ready_at[r]))
+            server.reset(r, rnd + 1, agg)
+            t_e[r] = agg
+        steps.append(dict(k))
+        now = agg
+    return server, steps, waits
+
+
+@settings(max_examples=80, deadline=None)
+@given(caps=st.lists(st.floats(0.01, 0.5), min_size=1, max_size=8), rounds=st.integers(1, 6))
+def test_rounds_end_slowest_never_held_and_blocking_is_short(caps, rounds):
+    server, steps, waits = simulate(caps, rounds)
+    assert server.metrics()["rounds"] == [rounds] * len(caps)
+    for r, wait in waits:
+        assert wait < caps[r] + EPS + 1e-9, f"worker {r} (c={caps[r]}) blocked {wait} s in the aggregation"
+    slowest = max(range(len(caps)), key=lambda r: (caps[r], -r))
+    # from round 1 on (round 0 starts with capabilities not yet known), the slowest takes exactly one step
+    assert all(s[slowest] == 1 for s in steps[1:]), steps
+
+
+@pytest.mark.parametrize("ratio", [1, 2, 5])
+def test_a_worker_c_times_faster_takes_about_c_steps(ratio):
+    caps = [0.02 / ratio, 0.02 / ratio, 0.02 / ratio, 0.02]
+    _, steps, _ = simulate(caps, 5, eps=1e-4)  # epsilon small against the steps, as §4.1 means it
+    for s in steps[1:]:
+        assert s[3] == 1
+        assert all(ratio - 1 <= s[r] <= math.ceil(ratio) for r in range(3)), (ratio, s)
+
+
+def test_away_and_finished_workers_are_not_waited_for():
+    caps = [0.01, 0.01, 0.05, 0.2]
+    server, steps, _ = simulate(caps, 3, away=(3,))  # the slow worker 3 is away: 2 is the slowest now
+    assert server.slowest().rank == 2
+    assert all(s[2] == 1 for s in steps[1:]) and all(s[0] >= 4 for s in steps[1:])
+    server.finish(2)
+    assert server.slowest().rank in (0, 1)
+    with pytest.raises(ValueError, match="worker 2 has finished"):
+        server.query(2, 1, 0.05, 0.0, 1.0)
+
+
+def test_first_step_and_previous_round_rules():
+    s = StateServer(2, epsilon=0.0)
+    assert s.query(0, 0, 0.1, 0.0, 0.0) == NOT_READY      # k == 0: at least one step per round
+    assert s.query(1, 0, 0.5, 0.0, 0.0) == NOT_READY
+    assert s.query(1, 1, 0.5, 0.5, 0.5) == READY          # the slowest, after its step
+    assert s.query(0, 1, 0.1, 0.1, 0.1) == READY          # the slowest is ready
+    s.reset(0, 1, 0.6)
+    assert s.query(0, 1, 0.1, 0.7, 0.7) == NOT_READY      # the slowest (1) has not reset yet: previous round
+    s.reset(1, 1, 0.6)
+    assert s.query(0, 2, 0.1, 0.8, 0.8) == NOT_READY      # rest_time 0.5 - 0.2 = 0.3 > 0.1: another step
+    assert s.query(0, 3, 0.1, 1.0, 1.0) == READY          # rest_time 0.1: a step would end after the slowest
+
+
+@pytest.mark.parametrize("call, needle", [
+    (lambda s: s.query(5, 0, 0.1, 0.0, 0.0), "worker 5 out of range"),
+    (lambda s: s.reset(0, 3, 0.0), "expected 1"),
+    (lambda s: StateServer(0), "size must be >= 1"),
+    (lambda s: StateServer(2, epsilon=-1), "epsilon must be >= 0"),
+])
+def test_bad_input(call, needle):
+    with pytest.raises(ValueError, match=needle):
+        call(StateServer(2))
