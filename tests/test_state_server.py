@@ -110,3 +110,44 @@ def test_first_step_and_previous_round_rules():
 def test_bad_input(call, needle):
     with pytest.raises(ValueError, match=needle):
         call(StateServer(2))
+
+
+def test_grpc_service_on_loopback_with_the_job_secret():
+    """The State Server over real gRPC, on the coordinator server rank 0 runs (same port and secret as the GG)."""
+    import grpc
+    import time as _time
+
+    from hetsync.coordinator import state_service
+    from hetsync.coordinator.server import start_server
+
+    server, address = start_server(2, mode="random")
+    try:
+        a = state_service.StateServerClient(address, server.secret, 0, timeout=10)
+        with pytest.raises(grpc.RpcError) as e:
+            a.query(0, 0.1, 0.0)
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "no ESync State Server" in e.value.details()
+        state_service.install(server, 2, epsilon=0.0)
+        b = state_service.StateServerClient(address, server.secret, 1, timeout=10)
+        now = _time.monotonic()
+        assert a.query(0, 0.01, now) is False
+        assert b.query(1, 5.0, now) is True                 # the slowest, after a step
+        assert a.query_async(1, 0.01, now).result().ready    # the slowest is ready (§4.2's non-blocking form)
+        a.reset(1, now)
+        b.reset(1, now)
+        a.away()
+        assert a.metrics()["state"] == ["away", "live"] and a.metrics()["rounds"] == [1, 1]
+        with pytest.raises(grpc.RpcError) as e:
+            a.reset(5, now)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "expected 2" in e.value.details()
+        b.finish()
+        with pytest.raises(grpc.RpcError) as e:
+            b.query(1, 1.0, now)
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        wrong = state_service.StateServerClient(address, "not-the-secret", 0, timeout=10)
+        with pytest.raises(grpc.RpcError) as e:
+            wrong.query(0, 0.1, now)
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        for c in (a, b, wrong):
+            c.close()
+    finally:
+        server.stop(grace=0.2)

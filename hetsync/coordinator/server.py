@@ -256,6 +256,11 @@ class GGServer:
             maximum_concurrent_rpcs=None,
         )
         pb2_grpc.add_GroupGeneratorServicer_to_server(_Servicer(self), self._server)
+        # ESync's State Server shares the port and the secret; sync="esync" installs one (state_service.install).
+        from .state_service import StateServicer
+
+        self.state_server = None
+        pb2_grpc.add_StateServerServicer_to_server(StateServicer(self), self._server)
         try:
             bound = self._server.add_insecure_port(format_address(host, port))
         except RuntimeError as exc:

@@ -1,0 +1,109 @@
+"""ESync's State Server over gRPC (ESync §4.1, §4.2): the servicer rank 0's coordinator server hosts beside the
+Group Generator (same port, same job secret, loopback-bound on one host), and the client each worker uses.
+
+The decisions are :class:`hetsync.coordinator.state_server.StateServer`'s (a plain state machine); this module only
+moves them over the wire, under one lock.  ``now`` for a query is the server's ``time.monotonic()``: the workers
+send their own monotonic times, and on one host both are the same clock.
+"""
+import hmac
+import threading
+import time
+
+import grpc
+
+from . import _proto
+from .state_server import StateServer
+
+pb2, pb2_grpc = _proto.load()
+
+
+class StateServicer(pb2_grpc.StateServerServicer):
+    """Serves the State Server installed on ``owner`` (a GGServer: ``secret``, ``state_server``)."""
+
+    def __init__(self, owner, clock=time.monotonic):
+        self._o, self._clock = owner, clock
+        self._lock = threading.Lock()
+
+    def _call(self, request, context, fn):
+        if not request.secret or not hmac.compare_digest(request.secret.encode(), self._o.secret.encode()):
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, "missing or wrong job secret")
+        with self._lock:
+            server = self._o.state_server
+            if server is None:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no ESync State Server is installed in this job")
+            try:
+                return fn(server)
+            except ValueError as exc:
+                code = (grpc.StatusCode.FAILED_PRECONDITION if "has finished" in str(exc)
+                        else grpc.StatusCode.INVALID_ARGUMENT)
+                context.abort(code, str(exc))
+
+    def QueryState(self, request, context):
+        def query(server):
+            ready = server.query(request.worker, request.local_iterations, request.capability_s,
+                                 request.last_finish_time, self._clock())
+            slow = server.slowest()
+            return pb2.StateReply(ready=ready, slowest=-1 if slow is None else slow.rank)
+
+        return self._call(request, context, query)
+
+    def ResetState(self, request, context):
+        return self._call(request, context,
+                          lambda s: s.reset(request.worker, request.round, request.finish_time) or pb2.StateAck())
+
+    def StateAway(self, request, context):
+        return self._call(request, context, lambda s: s.away(request.worker) or pb2.StateAck())
+
+    def StateFinish(self, request, context):
+        return self._call(request, context, lambda s: s.finish(request.worker) or pb2.StateAck())
+
+    def StateMetrics(self, request, context):
+        return self._call(request, context, lambda s: pb2.StateServerMetrics(**{
+            "rounds": s.metrics()["rounds"], "local_steps": s.metrics()["local_steps"],
+            "queries": s.metrics()["queries"], "state": s.metrics()["state"],
+            "capability_s": s.metrics()["capability"]}))
+
+
+def install(gg_server, size, epsilon):
+    """Rank 0: installs a fresh State Server for ``size`` workers on the running coordinator server."""
+    gg_server.state_server = StateServer(size, epsilon)
+
+
+class StateServerClient:
+    """One worker's connection to the State Server; every call has ``timeout`` seconds."""
+
+    def __init__(self, address, secret, worker, timeout=30.0):
+        self.worker, self.secret, self.timeout = int(worker), secret, float(timeout)
+        self._channel = grpc.insecure_channel(address)
+        self._stub = pb2_grpc.StateServerStub(self._channel)
+
+    def query(self, local_iterations, capability_s, last_finish_time):
+        """QUERY-STATE: True (READY: aggregate now) or False (take another local step)."""
+        reply = self._stub.QueryState(pb2.StateQuery(
+            secret=self.secret, worker=self.worker, local_iterations=int(local_iterations),
+            capability_s=float(capability_s), last_finish_time=float(last_finish_time)), timeout=self.timeout)
+        return reply.ready
+
+    def query_async(self, local_iterations, capability_s, last_finish_time):
+        """§4.2's non-blocking query: a future whose ``result()`` is the StateReply."""
+        return self._stub.QueryState.future(pb2.StateQuery(
+            secret=self.secret, worker=self.worker, local_iterations=int(local_iterations),
+            capability_s=float(capability_s), last_finish_time=float(last_finish_time)), timeout=self.timeout)
+
+    def reset(self, round_, finish_time):
+        self._stub.ResetState(pb2.StateReset(secret=self.secret, worker=self.worker, round=int(round_),
+                                             finish_time=float(finish_time)), timeout=self.timeout)
+
+    def away(self):
+        self._stub.StateAway(pb2.StateWorker(secret=self.secret, worker=self.worker), timeout=self.timeout)
+
+    def finish(self):
+        self._stub.StateFinish(pb2.StateWorker(secret=self.secret, worker=self.worker), timeout=self.timeout)
+
+    def metrics(self):
+        m = self._stub.StateMetrics(pb2.MetricsRequest(secret=self.secret), timeout=self.timeout)
+        return {"rounds": list(m.rounds), "local_steps": list(m.local_steps), "queries": list(m.queries),
+                "state": list(m.state), "capability": list(m.capability_s)}
+
+    def close(self):
+        self._channel.close()
