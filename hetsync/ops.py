@@ -257,7 +257,7 @@ def p_reduce(tensors, group, timeout=None, name=None, instance=None, compression
     return results[0] if single else results
 
 
-PARTIAL_MODES = ("solo", "majority")
+PARTIAL_MODES = ("solo", "majority", "all")
 
 
 class PartialResult(collections.namedtuple(
@@ -315,15 +315,16 @@ def partial_allreduce(tensors, mode="solo", name="partial_allreduce", seed=0, ti
       - if a round ran since this rank's previous call: returns that round's result at once (``included`` False,
         the tensors wait for the next round);
       - else ``mode="solo"``: activates the next round itself; ``mode="majority"``: waits until the rank a seeded
-        RNG designates for the round calls (or is away: then that rank's engine activates it) -- the round
-        includes the tensors (``included`` True).
+        RNG designates for the round calls (or is away: then that rank's engine activates it); ``mode="all"``:
+        waits until every rank has called or is away (rank 0's engine coordinates; away ranks contribute what
+        their send buffer holds) -- the round includes the tensors (``included`` True).
     All ranks that return a round get the same average.  Works eagerly and inside ``tf.function``.  With
     ``late="accumulate"`` a call returns the sum of every round since its previous call (each divided by the world
     size) instead of only the latest.
 
     Args:
       tensors: a float32/float64 tensor or a list of them (one dtype per call; shapes fixed per name).
-      mode: "solo" or "majority".
+      mode: "solo", "majority" or "all".
       name: the persistent schedule; every rank must use the same tensors, mode and seed under one name.
       seed: majority: the shared seed of the initiator sequence (see majority_initiator).
       timeout: seconds before a round that cannot run fails (a rank's engine gone; majority: the designated rank

@@ -46,3 +46,8 @@ def test_partial_allreduce_non_power_of_two_world():
 def test_hop_queues_standard_backup_staleness_skip_withdrawal_failures():
     proc = run_mpi(6, "tests/mpi/engine_hop.py", timeout=240)
     assert_ok(proc, 6)
+
+
+def test_partial_allreduce_all_mode_waits_for_present_ranks_only():
+    proc = run_mpi(4, "tests/mpi/engine_partial_all.py", timeout=180)
+    assert_ok(proc, 4)

@@ -35,7 +35,9 @@ PartialSpec SpecFromNotice(const PartialNotice& n) {
   return spec;
 }
 
-const char* PartialModeName(PartialMode m) { return m == PartialMode::kMajority ? "majority" : "solo"; }
+const char* PartialModeName(PartialMode m) {
+  return m == PartialMode::kMajority ? "majority" : m == PartialMode::kAll ? "all" : "solo";
+}
 
 int MajorityInitiator(uint64_t seed, const std::string& name, int64_t round, int size) {
   const uint64_t name_hash = Fnv1a64(name.data(), name.size());
@@ -50,6 +52,8 @@ PartialCollectives& PartialCollectives::operator=(PartialCollectives&&) = defaul
 
 void PartialCollectives::Start(EngineContext& ctx) {
   schedules_.clear();
+  away_peers_.clear();
+  announced_away_ = false;
   inbox_ = std::make_shared<PartialNotice>();
   PostReceive(ctx);
 }
@@ -77,6 +81,7 @@ bool PartialCollectives::Poll(EngineContext& ctx) {
     Handle(ctx, n);
     any = true;
   }
+  AnnounceAvailability(ctx);
   for (auto& kv : schedules_) {
     if (kv.second->Poll(ctx)) any = true;
   }
@@ -85,9 +90,34 @@ bool PartialCollectives::Poll(EngineContext& ctx) {
   return any;
 }
 
+void PartialCollectives::AnnounceAvailability(EngineContext& ctx) {
+  // kAll rounds wait for every rank that is not away; rank 0 coordinates them and must know who is away, also
+  // before this rank's first call (one small notice per change of the away latch: a few per epoch).
+  if (ctx.rank == kAllCoordinator || ctx.size < 2) return;
+  const bool away = ctx.control.away();
+  if (away == announced_away_) return;
+  announced_away_ = away;
+  auto msg = std::make_shared<PartialNotice>();
+  std::memset(msg.get(), 0, sizeof(PartialNotice));
+  msg->magic = kActivationMagic;
+  msg->kind = away ? kNoticeAway : kNoticeBack;
+  msg->sender = ctx.rank;
+  std::vector<MPI_Request> reqs(1);
+  MPI_Isend(msg.get(), sizeof(PartialNotice), MPI_BYTE, kAllCoordinator, kActivationTag, ctx.comm, &reqs[0]);
+  ctx.AdoptSends(std::move(reqs), msg);
+}
+
 void PartialCollectives::Handle(EngineContext& ctx, const PartialNotice& n) {
   if (n.magic != kActivationMagic) {
     ctx.Fail("corrupt partial-collective notice from rank " + std::to_string(n.sender) + " (bad magic)");
+    return;
+  }
+  if (n.kind == kNoticeAway || n.kind == kNoticeBack) {
+    if (n.kind == kNoticeAway) {
+      away_peers_.insert(n.sender);
+    } else {
+      away_peers_.erase(n.sender);
+    }
     return;
   }
   auto it = schedules_.find(n.id);

@@ -54,7 +54,9 @@ constexpr uint32_t kActivationMagic = 0x48535041;  // "HSPA"
 constexpr int kPartialNameChars = 64;
 constexpr int kPartialDescChars = 192;
 
-enum class PartialMode : int32_t { kSolo = 0, kMajority = 1 };
+// kAll: a round runs once every rank has called or is away (rank 0's engine coordinates; away ranks take part
+// passively, as in every mode). ESync's aggregation and OD-SGD's overlapped allreduce build on it.
+enum class PartialMode : int32_t { kSolo = 0, kMajority = 1, kAll = 2 };
 const char* PartialModeName(PartialMode m);
 
 // What every rank must agree on for one collective name.
@@ -118,6 +120,9 @@ struct PartialNotice {
 constexpr uint32_t kNoticeActivate = 1;
 constexpr uint32_t kNoticeArrive = 2;
 constexpr uint32_t kNoticeAbort = 3;
+constexpr uint32_t kNoticeAway = 4;  // to rank 0 (kAll's coordinator): the sender is away now / back (id 0)
+constexpr uint32_t kNoticeBack = 5;
+constexpr int kAllCoordinator = 0;
 
 // The sender's spec, as a notice carries it (one place, so no field is forgotten).
 PartialSpec SpecFromNotice(const PartialNotice& n);
@@ -141,14 +146,19 @@ class PartialCollectives {
   // Gauges for Engine::Stats (EngineCounters has the partial_* counters).
   int64_t Pending() const;  // activations and arrivals buffered + requests in flight (bounded over rounds)
   int64_t Schedules() const { return static_cast<int64_t>(schedules_.size()); }
+  // kAll (rank 0): whether `rank` announced that it is away.
+  bool PeerAway(int rank) const { return away_peers_.count(rank) > 0; }
 
  private:
   void PostReceive(EngineContext& ctx);
   void Handle(EngineContext& ctx, const PartialNotice& n);
+  void AnnounceAvailability(EngineContext& ctx);
 
   MPI_Request req_ = MPI_REQUEST_NULL;
   std::shared_ptr<PartialNotice> inbox_;
   std::map<uint64_t, std::unique_ptr<PartialSchedule>> schedules_;
+  std::set<int> away_peers_;     // rank 0: ranks whose last notice was AWAY
+  bool announced_away_ = false;  // other ranks: what rank 0 was last told
 };
 
 }  // namespace hetsync

@@ -87,7 +87,10 @@ bool PartialAllreduceOp::Progress(EngineContext& ctx) {
   std::string why = "partial allreduce '" + spec_.name + "': round " + std::to_string(wait_round_) +
                     " did not run within " + FormatSeconds(timeout_) + " s";
   int culprit = -1;
-  if (spec_.mode == PartialMode::kMajority) {
+  if (spec_.mode == PartialMode::kAll) {
+    why += ": some rank neither called it nor was away (rank " + std::to_string(kAllCoordinator) +
+           "'s engine starts a round once every rank has called or is away; a rank whose engine is gone never does)";
+  } else if (spec_.mode == PartialMode::kMajority) {
     culprit = sched_->Designated(ctx, wait_round_);
     why += ": its designated initiator, rank " + std::to_string(culprit) +
            ", is inside its train step but never called it (or died)";

@@ -63,7 +63,18 @@ void PartialSchedule::Deposit(const void* data) {
 }
 
 int PartialSchedule::Designated(EngineContext& ctx, int64_t round) const {
+  if (spec_.mode == PartialMode::kAll) return kAllCoordinator;
   return MajorityInitiator(spec_.seed, spec_.name, round, ctx.size);
+}
+
+bool PartialSchedule::AllPresentArrived(EngineContext& ctx) const {
+  auto it = arrived_.find(next_round_);
+  if (it == arrived_.end() || it->second.empty()) return false;  // nobody waits: no empty rounds
+  for (int r = 0; r < ctx.size; ++r) {
+    const bool away = r == ctx.rank ? ctx.control.away() : ctx.partial.PeerAway(r);
+    if (!it->second.count(r) && !away) return false;
+  }
+  return true;
 }
 
 void PartialSchedule::CallActivate(EngineContext& ctx) {
@@ -73,7 +84,9 @@ void PartialSchedule::CallActivate(EngineContext& ctx) {
     return;
   }
   const int d = Designated(ctx, r);
-  if (d == ctx.rank) {
+  if (spec_.mode == PartialMode::kAll && d == ctx.rank) {
+    arrived_[r].insert(ctx.rank);  // Poll activates once every rank has arrived or is away
+  } else if (d == ctx.rank) {
     Activate(ctx, r, ctx.rank, -1, ctx.rank, spec_);
   } else if (arrive_sent_ < r) {
     arrive_sent_ = r;
@@ -148,7 +161,12 @@ void PartialSchedule::OnActivate(EngineContext& ctx, const PartialNotice& n) {
 }
 
 void PartialSchedule::OnArrive(EngineContext& ctx, const PartialNotice& n) {
-  if (n.round >= next_round_) arrivals_.insert(n.round);
+  if (n.round < next_round_) return;
+  if (spec_.mode == PartialMode::kAll) {
+    arrived_[n.round].insert(n.sender);
+  } else {
+    arrivals_.insert(n.round);
+  }
 }
 
 void PartialSchedule::OnAbort(EngineContext& ctx, const PartialNotice& n) {
@@ -161,6 +179,14 @@ bool PartialSchedule::Poll(EngineContext& ctx) {
   if (!failure_.empty()) return false;
   bool any = false;
   while (!arrivals_.empty() && *arrivals_.begin() < next_round_) arrivals_.erase(arrivals_.begin());
+  arrived_.erase(arrived_.begin(), arrived_.lower_bound(next_round_));
+  if (!exec_ && spec_.mode == PartialMode::kAll && ctx.rank == kAllCoordinator && AllPresentArrived(ctx)) {
+    auto it = acts_.find(next_round_);
+    if (it == acts_.end() || !it->second.activated) {
+      Activate(ctx, next_round_, ctx.rank, -1, ctx.rank, spec_);
+      any = true;
+    }
+  }
   if (!exec_ && spec_.mode == PartialMode::kMajority && arrivals_.count(next_round_) && ctx.control.away()) {
     // A peer waits for a round this rank initiates, and this rank is not coming soon: initiate it now.
     auto it = acts_.find(next_round_);
@@ -253,7 +279,7 @@ void PartialSchedule::FinishRound(EngineContext& ctx) {
     result_.nap += f > 0;
     result_.active += f == 2;
   }
-  result_.initiator = spec_.mode == PartialMode::kMajority ? Designated(ctx, r) : acts_[r].root;
+  result_.initiator = spec_.mode == PartialMode::kSolo ? acts_[r].root : Designated(ctx, r);
   result_.staleness = my_staleness_;
   result_round_ = r;
   next_round_ = r + 1;
@@ -321,7 +347,8 @@ void PartialSchedule::Abandon(EngineContext& ctx) {
 }
 
 int64_t PartialSchedule::Pending() const {
-  return static_cast<int64_t>(acts_.size() + arrivals_.size()) + (exec_ ? exec_->Outstanding() : 0);
+  return static_cast<int64_t>(acts_.size() + arrivals_.size() + arrived_.size()) +
+         (exec_ ? exec_->Outstanding() : 0);
 }
 
 }  // namespace hetsync

@@ -168,6 +168,8 @@ class PartialSchedule {
   Code failure_code_ = Code::kOk;
   int64_t my_staleness_ = -1;  // staleness of this rank's data in the running round (-1: none)
   std::set<int64_t> arrivals_;  // majority, designated rank: rounds a peer waits for
+  std::map<int64_t, std::set<int>> arrived_;  // kAll, rank 0: round -> ranks whose call waits for it
+  bool AllPresentArrived(EngineContext& ctx) const;
 };
 
 }  // namespace hetsync

@@ -21,7 +21,7 @@ REGISTER_OP("HetsyncPartialAllreduce")
     .Attr("T: {float, double}")
     .Attr("N: int >= 1")
     .Attr("collective: string")
-    .Attr("mode: {'solo', 'majority'}")
+    .Attr("mode: {'solo', 'majority', 'all'}")
     .Attr("seed: int = 0")
     .Attr("timeout_seconds: float = -1")
     .Attr("wire_half: bool = false")
@@ -78,7 +78,7 @@ class PartialAllreduceKernel : public AsyncOpKernel {
     OP_REQUIRES(c, !spec_.name.empty() && spec_.name.size() < kPartialNameChars,
                 tensorflow::errors::InvalidArgument("partial allreduce name must have 1 to ", kPartialNameChars - 1,
                                                     " characters, got '", spec_.name, "'"));
-    spec_.mode = mode == "majority" ? PartialMode::kMajority : PartialMode::kSolo;
+    spec_.mode = mode == "majority" ? PartialMode::kMajority : mode == "all" ? PartialMode::kAll : PartialMode::kSolo;
     spec_.seed = static_cast<uint64_t>(seed);
   }
 

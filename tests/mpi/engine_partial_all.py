@@ -1,0 +1,51 @@
+"""Partial allreduce mode "all" (the engine's all-ranks rule, for ESync's aggregation), 4 ranks:
+  - under random per-rank delays, round i holds exactly call i of every rank (NAP = active = 4), the same exact
+    average on every rank, rank 0 coordinating;
+  - a rank that is away (here: inside a Horovod barrier, marked AWAY as fit_hook marks it) is not waited for: the
+    others' rounds run with it passive (NAP 3) -- if they waited, the barrier it sits in would never complete.
+"""
+import time
+
+from engine_util import barrier, hvd, run, start
+
+import numpy as np
+import tensorflow as tf
+
+K = 20
+
+
+def onehot(rank, i, size):
+    v = np.zeros(size * K)
+    v[rank * K + i] = 1.0
+    return v
+
+
+def main():
+    ops = start(timeout=60)
+    rank, size = hvd.rank(), hvd.size()
+    rng = np.random.default_rng(rank)
+    for i in range(K):
+        time.sleep(rng.uniform(0, 0.01) * (5 if rank == 1 else 1))
+        res = ops.partial_allreduce(tf.constant(onehot(rank, i, size)), mode="all", name="all-a")
+        want = sum(onehot(r, i, size) for r in range(size)) / size
+        assert bool(res.included) and int(res.nap) == size and int(res.active) == size, res
+        assert int(res.round) == i and int(res.initiator) == 0, (int(res.round), int(res.initiator))
+        np.testing.assert_allclose(res.tensors.numpy(), want, err_msg=f"rank {rank} call {i}")
+    barrier()
+    # rank 3 goes away into a Horovod barrier; the others' rounds must not wait for it
+    if rank == 3:
+        ops.set_availability(ops.AWAY)
+        barrier()
+    else:
+        for i in range(5):
+            res = ops.partial_allreduce(tf.constant(onehot(rank, i, size)), mode="all", name="all-b")
+            assert int(res.nap) == size - 1 and res.contributors.numpy().tolist()[3] == 0, res
+            want = sum(onehot(r, i, size) for r in range(size - 1)) / (size - 1)
+            np.testing.assert_allclose(res.tensors.numpy(), want, err_msg=f"rank {rank} away-phase call {i}")
+        ops.set_availability(ops.AWAY)
+        barrier()
+    ops.set_availability(ops.IN_STEP)
+    barrier()
+
+
+run(main)
