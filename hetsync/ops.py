@@ -362,3 +362,10 @@ def partial_allreduce(tensors, mode="solo", name="partial_allreduce", seed=0, ti
     averaged, info, contributors = list(outs[0]), outs[1], outs[2]
     return PartialResult(averaged[0] if single else averaged, tf.cast(info[0], tf.bool), info[1], info[2], info[3],
                          info[4], contributors, info[5], info[6])
+
+
+def partial_discard(name):
+    """Drops what this rank's partial allreduce ``name`` holds but has not returned yet: the results of rounds since
+    its last call (``late="accumulate"``) and its deposit that no round took (e.g. after a consensus average that
+    already contains them).  Local; no-op for an unknown name."""
+    _lib.hetsync_partial_discard(collective=name)

@@ -2,7 +2,9 @@
   - under random per-rank delays, round i holds exactly call i of every rank (NAP = active = 4), the same exact
     average on every rank, rank 0 coordinating;
   - a rank that is away (here: inside a Horovod barrier, marked AWAY as fit_hook marks it) is not waited for: the
-    others' rounds run with it passive (NAP 3) -- if they waited, the barrier it sits in would never complete.
+    others' rounds run with it passive (NAP 3) -- if they waited, the barrier it sits in would never complete;
+  - ops.partial_discard: with late="accumulate", the rounds a rank missed while away are dropped: its next call
+    returns none of them.
 """
 import time
 
@@ -45,6 +47,26 @@ def main():
         ops.set_availability(ops.AWAY)
         barrier()
     ops.set_availability(ops.IN_STEP)
+    barrier()
+    # accumulate + discard: rank 3 is away for 3 rounds, then drops them and takes part in the next
+    if rank == 3:
+        ops.set_availability(ops.AWAY)
+        barrier()
+        while ops.engine_stats()["partial_rounds"] < K + 5 + 3:  # its engine ran the 3 rounds passively
+            time.sleep(0.01)
+        ops.partial_discard("all-c")
+    else:
+        for i in range(3):
+            ops.partial_allreduce(tf.constant(onehot(rank, i, size)), mode="all", name="all-c", late="accumulate")
+        ops.set_availability(ops.AWAY)
+        barrier()
+    ops.set_availability(ops.IN_STEP)
+    res = ops.partial_allreduce(tf.constant(onehot(rank, 10, size)), mode="all", name="all-c", late="accumulate")
+    if rank == 3:  # nothing of the 3 rounds it dropped (without the discard: 0.25 at each of those deposits)
+        got = res.tensors.numpy()
+        missed = [got[r * K + i] for r in range(3) for i in range(3)]
+        assert not any(missed), f"rank 3 got rounds it discarded: {missed}"
+    ops.set_availability(ops.AWAY)  # whoever still waits for a round runs it without the others
     barrier()
 
 

@@ -152,6 +152,11 @@ PartialSchedule* PartialCollectives::Get(EngineContext& ctx, const PartialSpec& 
   return error->empty() ? it->second.get() : nullptr;
 }
 
+PartialSchedule* PartialCollectives::Find(const std::string& name) {
+  auto it = schedules_.find(Fnv1a64(name.data(), name.size()));
+  return it == schedules_.end() || it->second->spec().name != name ? nullptr : it->second.get();
+}
+
 int64_t PartialCollectives::Pending() const {
   int64_t n = 0;
   for (auto& kv : schedules_) n += kv.second->Pending();

@@ -142,6 +142,7 @@ class PartialCollectives {
 
   // For PartialAllreduceOp (progress thread).
   PartialSchedule* Get(EngineContext& ctx, const PartialSpec& spec, std::string* error);
+  PartialSchedule* Find(const std::string& name);  // nullptr if this rank has none by that name
 
   // Gauges for Engine::Stats (EngineCounters has the partial_* counters).
   int64_t Pending() const;  // activations and arrivals buffered + requests in flight (bounded over rounds)

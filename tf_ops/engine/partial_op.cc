@@ -100,4 +100,14 @@ bool PartialAllreduceOp::Progress(EngineContext& ctx) {
   return Error(Code::kDeadlineExceeded, why);
 }
 
+void PartialDiscardOp::Start(EngineContext& ctx) {
+  PartialSchedule* s = ctx.partial.Find(name_);
+  if (s && s->call_in_flight) {
+    Finish(Status::Error(Code::kFailedPrecondition, "partial allreduce '" + name_ + "' has a call in flight"));
+    return;
+  }
+  if (s) s->Discard();
+  Finish(Status::OK());
+}
+
 }  // namespace hetsync

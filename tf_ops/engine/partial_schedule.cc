@@ -62,6 +62,14 @@ void PartialSchedule::Deposit(const void* data) {
   has_contribution_ = true;
 }
 
+void PartialSchedule::Discard() {
+  std::fill(acc_buf_.begin(), acc_buf_.end(), 0);
+  acc_rounds_ = 0;
+  std::fill(send_buf_.begin(), send_buf_.end(), 0);
+  has_contribution_ = false;
+  consumed_round_ = result_round_;
+}
+
 int PartialSchedule::Designated(EngineContext& ctx, int64_t round) const {
   if (spec_.mode == PartialMode::kAll) return kAllCoordinator;
   return MajorityInitiator(spec_.seed, spec_.name, round, ctx.size);

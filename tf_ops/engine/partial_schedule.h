@@ -111,6 +111,7 @@ class PartialSchedule {
   // first call ran with the initiator's; such a result is never returned to a call: it waits for the next round).
   bool ResultMatchesLocal() const { return result_spec_ == spec_; }
   void MarkConsumed() { consumed_round_ = result_round_; }
+  void Discard();  // PartialDiscardOp: accumulated results and the undelivered deposit are dropped
   // Copies the latest result out and marks it consumed.
   PartialResult TakeResult(EngineContext& ctx, void* out, bool included);
 
