@@ -363,6 +363,44 @@ def test_away_while_own_request_is_blocked_abandons_it():
         server.stop()
 
 
+def test_ripples_request_asks_again_after_a_stale_away_report():
+    """The race behind the test above, as the runtime meets it: the away watcher read "away" just before the
+    worker's step began and its report abandons the step's request.  ripples-random's request asks again (the
+    worker is in its step) instead of failing the step, and gets its group once the partner comes."""
+    from types import SimpleNamespace
+
+    from hetsync.algorithms.ripples_gg import RipplesRandom
+
+    server, address = start_server(2, "random", {"seed": 0, "group_size": 2, "request_wait_s": 30.0})
+    try:
+        c0, c1 = (GroupGeneratorClient(address, server.secret, w, timeout=20.0) for w in range(2))
+        g1 = c0.request_group()
+        c0.ack(g1)
+        algo = RipplesRandom.__new__(RipplesRandom)  # only its request logic, with a real client
+        algo.client, algo.services = c0, SimpleNamespace(rank=0)
+        got = []
+        th = threading.Thread(target=lambda: got.append(algo._request(5)))
+        th.start()
+        deadline = time.monotonic() + 10
+        while server.metrics()["conflicts"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        c0.away()  # the stale report: abandons the blocked request; _request asks again
+        assert c1.request_group().group_id == g1.group_id  # worker 1 runs the group it owed
+        c1.ack(g1)
+        for _ in range(3):  # worker 1 runs the groups it still holds until it meets worker 0's new request
+            g = c1.request_group()
+            th.join(2)
+            if not th.is_alive():
+                break
+            c1.ack(g)
+        assert not th.is_alive() and len(got) == 1, got
+        assert int(got[0][0]) == g.group_id and list(got[0][1]) == [0, 1]
+        for c in (c0, c1):
+            c.close()
+    finally:
+        server.stop()
+
+
 def test_start_for_job_shutdown_and_unreachable():
     server = start_for_job(2, node_of=["hostA", "hostA"], mode="smart", group_size=2)
     assert server.address.startswith("127.0.0.1:") and len(server.secret) >= 32

@@ -28,6 +28,7 @@ import tensorflow as tf
 from hetsync.algorithms import register
 from hetsync.algorithms._wrap import wrap_post_update
 from hetsync.algorithms.decentralized import DecentralizedAlgorithm
+from hetsync.coordinator.group_generator import ProtocolViolation
 
 GG_STREAM = 2  # engine instance stream: (GG_STREAM, group id) names the same P-Reduce on every member
 _WATCH_PERIOD_S = 0.02
@@ -98,7 +99,16 @@ class GroupGeneratorAlgorithm(DecentralizedAlgorithm):
             # The first step stays local: Horovod's BroadcastGlobalVariablesCallback runs a global collective at
             # the end of the first batch, and a group formed now would wait on workers already inside it.
             return np.int64(0), np.asarray([self.services.rank], dtype=np.int32)
-        group = self.client.request_group(iteration=int(iterations))
+        for attempt in range(3):
+            try:
+                group = self.client.request_group(iteration=int(iterations))
+                break
+            except ProtocolViolation as exc:
+                # The away watcher read a stale "away" just before this step began, and its report reached the GG
+                # while this request waited: the GG abandoned the request. This worker is in its step: ask again
+                # (a request brings it back).
+                if "went away while waiting" not in str(exc) or attempt == 2:
+                    raise
         return np.int64(group.group_id), np.asarray(group.members, dtype=np.int32)
 
     def _ack(self, group_id, members):
