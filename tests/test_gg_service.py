@@ -333,8 +333,9 @@ def test_away_rpc_releases_a_blocked_worker():
 
 
 def test_away_while_own_request_is_blocked_abandons_it():
-    """The runtime should not call Away while the same worker is inside RequestGroup; if it does, the blocked
-    request is abandoned (its group is excused) and fails with FAILED_PRECONDITION instead of hanging."""
+    """Away while the same worker is inside RequestGroup (the runtime's away watcher can race a step's request,
+    see the next test): the blocked request is abandoned (its group is excused) and fails with
+    FAILED_PRECONDITION instead of hanging."""
     server, address = start_server(2, "random", {"seed": 0, "group_size": 2, "request_wait_s": 30.0})
     try:
         c0, c1 = (GroupGeneratorClient(address, server.secret, w, timeout=20.0) for w in range(2))
