@@ -125,6 +125,7 @@ class Hop(DecentralizedAlgorithm):
             self._steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetsync_hop_steps")
             self._updates = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetsync_hop_updates")
             self._waited_us = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetsync_hop_waited_us")
+            self._first_send = tf.Variable(True, trainable=False, name="hetsync_hop_first_send")
         return wrap_post_update(optimizer, self)
 
     # -- the step --------------------------------------------------------------------------------------------
@@ -142,7 +143,12 @@ class Hop(DecentralizedAlgorithm):
         """Send (only at a session's first step: after_update sends every later x_k), Recv(k), Reduce."""
         from hetsync import ops_hop
 
-        sent = ops_hop.hop_send([v.read_value() for v in variables], self.queue, self.compression)
+        def send():
+            sent = ops_hop.hop_send([v.read_value() for v in variables], self.queue, self.compression)
+            with tf.control_dependencies([sent]):
+                return tf.identity(self._first_send.assign(False))
+
+        sent = tf.cond(self._first_send, send, lambda: tf.constant(False))
         with tf.control_dependencies([sent]):
             info = self._recv_assign(variables, 0)
         counted = [self._steps.assign_add(1), self._updates.assign_add(info[1]), self._waited_us.assign_add(info[5])]
@@ -165,6 +171,11 @@ class Hop(DecentralizedAlgorithm):
         entered = ops_hop.hop_advance(self.queue, steps, self.options["timeout"])
         with tf.control_dependencies([entered]):
             ops_hop.hop_send([v.read_value() for v in variables], self.queue, self.compression)
+
+    def on_consensus_end(self, finished):
+        """A new session (rejoin) restarts the queues at iteration 0: its first step sends x_0 again."""
+        super().on_consensus_end(finished)
+        self._first_send.assign(True)
 
     # -- reports ---------------------------------------------------------------------------------------------
     def metrics(self):
