@@ -130,6 +130,7 @@ class SyncPoints(_callback_base()):
     def __init__(self, algorithm, user_callbacks=()):
         super().__init__()
         self.algorithm = algorithm
+        self.user_callbacks = list(user_callbacks)
         self.every, self.at_end = _consensus_options(user_callbacks, algorithm)
         self.rounds = 0
         self.idle = False           # this rank stopped; it steps through the rest of fit without training
@@ -160,7 +161,10 @@ class SyncPoints(_callback_base()):
                 return logs
             ops.set_availability(ops.IN_STEP)
             try:
-                logs = fn(iterator)
+                if self.local_iterations:  # ESync: one Keras step = one round of local iterations
+                    logs = self.algorithm.run_step(fn, iterator)
+                else:
+                    logs = fn(iterator)
             finally:
                 ops.set_availability(ops.BETWEEN)
             self._steps_since_sync += 1
@@ -177,6 +181,14 @@ class SyncPoints(_callback_base()):
         ops.pin_away(False)
         self._steps_since_sync = 0
         self._wrap_train_function()
+        # Modes whose Keras step is several local iterations (ESync) drive per-iteration callbacks themselves
+        # (keras_callbacks.Slowdown / EmulatedCompute: on_local_iteration_begin/_end).
+        self.local_iterations = bool(getattr(self.algorithm, "LOCAL_ITERATIONS", False))
+        hooks = [cb for cb in self.user_callbacks if hasattr(cb, "on_local_iteration_begin")]
+        for cb in hooks:
+            cb.per_local_iteration = self.local_iterations
+        if self.local_iterations:
+            self.algorithm.attach(self.model, hooks)
         ops.set_availability(ops.BETWEEN)
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -184,6 +196,8 @@ class SyncPoints(_callback_base()):
 
         self._synced_this_epoch = False
         self._batch = 0
+        if hasattr(self.algorithm, "on_epoch_begin"):
+            self.algorithm.on_epoch_begin()
         if self._padding:
             self._padding = False
             if not self.idle:  # the epoch-end sync point rejoined hetsync's collectives; the mode's state comes back

@@ -369,3 +369,34 @@ def partial_discard(name):
     its last call (``late="accumulate"``) and its deposit that no round took (e.g. after a consensus average that
     already contains them).  Local; no-op for an unknown name."""
     _lib.hetsync_partial_discard(collective=name)
+
+
+def allreduce_start(tensors, timeout=None, name=None):
+    """Starts a SUM of ``tensors`` over every rank on the engine's progress thread; returns a handle at once.
+
+    The non-blocking allreduce (docs/engine.md): the transfer runs while the caller goes on computing, and
+    :func:`allreduce_wait` collects it -- in the same step or a later one (OD-SGD's gradient allreduce of step t
+    overlaps step t+1's compute).  Every rank must start the same sequence of them with the same element counts; a
+    rank that never starts one is named after ``timeout`` seconds (None: the engine default).  float32/float64
+    tensors, all of one dtype; they travel fused in one buffer.  Returns an int64 scalar tensor (the handle).
+    """
+    items = [tf.convert_to_tensor(t) for t in (tensors if isinstance(tensors, (list, tuple)) else [tensors])]
+    if not items:
+        raise ValueError("allreduce_start needs at least one tensor")
+    dtypes = {t.dtype for t in items}
+    if len(dtypes) != 1 or items[0].dtype not in (tf.float32, tf.float64):
+        raise TypeError(f"allreduce_start takes float32 or float64 tensors of one dtype, got {sorted(d.name for d in dtypes)}")
+    if timeout is not None and not float(timeout) > 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+    with tf.name_scope(name or "allreduce_start"):
+        return _lib.hetsync_allreduce_start(tensors=items, timeout_seconds=-1.0 if timeout is None else float(timeout))
+
+
+def allreduce_wait(handle, like, name=None):
+    """Waits for the allreduce started as ``handle`` (each handle once); returns ``(sums, times)``: the sums shaped
+    like the tensors/variables in ``like`` (a list), and ``times`` = [started, data phase began, done], seconds of
+    the monotonic clock (Python's ``time.monotonic``) as the engine saw them."""
+    like = [tf.convert_to_tensor(t) for t in like]
+    with tf.name_scope(name or "allreduce_wait"):
+        sums, times = _lib.hetsync_allreduce_wait(handle=handle, like=like)
+    return list(sums), times

@@ -73,6 +73,7 @@ class Slowdown(tf.keras.callbacks.Callback):
         self._warm_times = []
         self._batch_start = None
         self.slept = 0.0
+        self.per_local_iteration = False  # set by hetsync's fit hook (see on_local_iteration_begin)
 
     def delay_for_step(self, step):
         """Seconds this rank sleeps at ``step`` (0 while the normal iteration time is still being measured)."""
@@ -99,6 +100,16 @@ class Slowdown(tf.keras.callbacks.Callback):
         return float(np.median(self._warm_times))
 
     def on_train_batch_begin(self, batch, logs=None):
+        if not self.per_local_iteration:
+            self.on_local_iteration_begin()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self.per_local_iteration:
+            self.on_local_iteration_end()
+
+    def on_local_iteration_begin(self):
+        """Before one local iteration.  In most modes that is a Keras batch; in modes that take several local
+        iterations per Keras step (ESync) hetsync's fit hook calls it per iteration (``per_local_iteration``)."""
         delay = self.delay_for_step(self._step)
         if delay > 0:
             _in_step()
@@ -106,7 +117,7 @@ class Slowdown(tf.keras.callbacks.Callback):
             self.slept += delay
         self._batch_start = time.perf_counter()
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_local_iteration_end(self):
         if self.base_time is None and len(self._warm_times) < self.warmup and self._batch_start is not None:
             self._warm_times.append(time.perf_counter() - self._batch_start)
         self._step += 1
@@ -125,8 +136,16 @@ class EmulatedCompute(tf.keras.callbacks.Callback):
         if seconds < 0:
             raise ValueError(f"seconds must be >= 0, got {seconds}")
         self.seconds = seconds
+        self.per_local_iteration = False  # set by hetsync's fit hook (see Slowdown.on_local_iteration_begin)
 
     def on_train_batch_begin(self, batch, logs=None):
+        if not self.per_local_iteration:
+            self.on_local_iteration_begin()
+
+    def on_local_iteration_end(self):
+        pass
+
+    def on_local_iteration_begin(self):
         if self.seconds:
             _in_step()
             time.sleep(self.seconds)

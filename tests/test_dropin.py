@@ -77,7 +77,11 @@ def test_ranks_stopping_on_their_own_clocks(mode, consensus, tmp_path):
     assert runs[0]["epochs_run"] == 4, runs[0]["epochs_run"]
     if mode != "allreduce":
         # decentralized: a stopped rank trains no more; rank 1 stopped after 2 epochs (EarlyStopping), rank 2 ran
-        # every one of its own steps (24 - 3 * 2 = 18 per epoch, 4 epochs + 1 refit epoch)
-        assert runs[2]["iterations"] == 5 * 18, runs[2]["iterations"]
+        # every one of its own steps (24 - 3 * 2 = 18 per epoch, 4 epochs + 1 refit epoch); in ESync a step is one
+        # or more local iterations (optimizer updates)
+        if mode == "esync":
+            assert runs[2]["iterations"] >= 5 * 18, runs[2]["iterations"]
+        else:
+            assert runs[2]["iterations"] == 5 * 18, runs[2]["iterations"]
         assert runs[1]["iterations"] < runs[2]["iterations"], [s["iterations"] for s in runs]
         assert runs[0]["iterations"] < runs[2]["iterations"], [s["iterations"] for s in runs]

@@ -51,3 +51,8 @@ def test_hop_queues_standard_backup_staleness_skip_withdrawal_failures():
 def test_partial_allreduce_all_mode_waits_for_present_ranks_only():
     proc = run_mpi(4, "tests/mpi/engine_partial_all.py", timeout=180)
     assert_ok(proc, 4)
+
+
+def test_non_blocking_allreduce_start_wait_overlap_and_silent_rank():
+    proc = run_mpi(3, "tests/mpi/engine_async.py", timeout=120)
+    assert_ok(proc, 3)

@@ -61,3 +61,12 @@ def test_hop_hybrid_with_a_slow_rank_trains_in_fit_and_bad_options_raise_everywh
     options that need the world size raise ValueError on every rank."""
     proc = run_mpi(4, "tests/mpi/keras_hop.py", 0.9, launcher="horovodrun", timeout=300)
     assert_ok(proc, 4)
+
+
+@pytest.mark.parametrize("variant", ["blocking", "non-blocking"])
+def test_esync_local_steps_lockstep_numpy_aggregation_and_dead_rank(variant):
+    """ESync with rank 3 5x slower: ~5 local iterations per round on the fast ranks, 1 on the slow one, the same
+    model on every rank after every round, eqs. 6-8 against numpy, a loss target; the blocking run then checks
+    that a hung rank is named by the others' aggregation within its timeout (tests/mpi/keras_esync.py)."""
+    proc = run_mpi(4, "tests/mpi/keras_esync.py", variant, launcher="horovodrun", timeout=300)
+    assert_ok(proc, 4)

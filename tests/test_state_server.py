@@ -103,7 +103,8 @@ def test_first_step_and_previous_round_rules():
 
 @pytest.mark.parametrize("call, needle", [
     (lambda s: s.query(5, 0, 0.1, 0.0, 0.0), "worker 5 out of range"),
-    (lambda s: s.reset(0, 3, 0.0), "expected 1"),
+    (lambda s: s.reset(0, 0, 0.0), "already in round 0"),
+    (lambda s: s.arrive(7, 0, 0.0), "worker 7 out of range"),
     (lambda s: StateServer(0), "size must be >= 1"),
     (lambda s: StateServer(2, epsilon=-1), "epsilon must be >= 0"),
 ])
@@ -137,8 +138,8 @@ def test_grpc_service_on_loopback_with_the_job_secret():
         a.away()
         assert a.metrics()["state"] == ["away", "live"] and a.metrics()["rounds"] == [1, 1]
         with pytest.raises(grpc.RpcError) as e:
-            a.reset(5, now)
-        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "expected 2" in e.value.details()
+            a.reset(1, now)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "already in round 1" in e.value.details()
         b.finish()
         with pytest.raises(grpc.RpcError) as e:
             b.query(1, 1.0, now)
@@ -151,3 +152,63 @@ def test_grpc_service_on_loopback_with_the_job_secret():
             c.close()
     finally:
         server.stop(grace=0.2)
+
+
+def test_roll_call_waits_for_live_workers_only():
+    """arrive/missing: a worker is missing from round t's aggregation until it arrives there (or is past it);
+    away and finished workers are never missing; a worker back from away joins the round the others are in."""
+    s = StateServer(4)
+    assert s.missing(0) == [0, 1, 2, 3]
+    s.arrive(0, 0, 1.0)
+    s.away(2)
+    s.finish(3)
+    assert s.missing(0) == [1]
+    s.arrive(1, 0, 1.1)
+    assert s.missing(0) == []
+    s.reset(0, 1, 1.2)
+    assert s.missing(1) == [0, 1]          # 1 has not reset yet: it is still at round 0
+    s.arrive(2, 5, 1.3)                    # back from away, at the round the others reached meanwhile
+    assert s.records[2].round == 5 and s.missing(5) == [0, 1]
+    with pytest.raises(ValueError, match="already in round 5"):
+        s.arrive(2, 4, 1.4)
+    with pytest.raises(ValueError, match="has finished"):
+        s.arrive(3, 5, 1.4)
+
+
+def test_grpc_wait_names_the_worker_that_never_comes():
+    """StateWait returns once every live worker arrived; a silent one is named in a DEADLINE_EXCEEDED error."""
+    import threading
+    import time as _time
+
+    import grpc
+
+    from hetsync.coordinator import state_service
+    from hetsync.coordinator.server import start_server
+
+    server, address = start_server(3, mode="random")
+    try:
+        state_service.install(server, 3, epsilon=0.0)
+        c = [state_service.StateServerClient(address, server.secret, r, timeout=10) for r in range(3)]
+        done = []
+        t = threading.Thread(target=lambda: done.append(c[0].wait(0, 10.0)))
+        t.start()
+        _time.sleep(0.2)
+        assert not done                                      # 1 and 2 are not there yet
+        c[2].away()
+        threading.Thread(target=lambda: c[1].wait(0, 10.0)).start()
+        t.join(5)
+        assert done == [None]                                # 1 came, 2 is away: nobody waits for it
+        c[2].query(0, 0.1, _time.monotonic())                # 2 is live again, and never comes to round 1
+        for r in (0, 1):
+            c[r].reset(1, _time.monotonic())
+        t0 = _time.monotonic()
+        with pytest.raises(grpc.RpcError) as e:
+            c[0].wait(1, 0.5)
+        assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        # 1 reset but has not arrived at round 1 yet, 2 is silent: both are named, after the wait's own timeout
+        assert "worker(s) 1 (last heard" in e.value.details() and ", 2 (last heard" in e.value.details()
+        assert _time.monotonic() - t0 >= 0.45
+        for x in c:
+            x.close()
+    finally:
+        server.stop(0)

@@ -108,6 +108,21 @@ class JobServices:
         current = self.server.metrics() if self.server is not None else self.client().metrics()
         return {key: self._totals.get(key, 0) + current.get(key, 0) for key in self._COUNTERS}
 
+    def install_state_server(self, epsilon):
+        """Collective (sync="esync"): rank 0 installs a fresh ESync State Server on the coordinator server."""
+        if self.rank == 0:
+            from hetsync.coordinator import state_service
+
+            state_service.install(self.server, self.size, epsilon)
+        self._phase += 1
+        _barrier(self.hvd, f"hetsync.state.install.{self._phase}")
+
+    def state_client(self):
+        """This rank's ESync State Server client (a new one per call)."""
+        from hetsync.coordinator.state_service import StateServerClient
+
+        return StateServerClient(self.address, self.secret, self.rank, timeout=self.timeout)
+
     def stop(self):
         """Tells the GG this worker is done (running the groups it still owes); rank 0 then
         waits until every worker is done, at most ``timeout`` seconds, and stops the server."""

@@ -16,6 +16,11 @@ Records (Algorithm 2 line 2): ``(rank, local_iterations k, capability c, last_fi
 
 ``reset(r, round, t_e)`` (RESET-STATE-SERVER) after r's aggregation: ready cleared, k = 0, round advanced.
 
+``arrive(r, round)`` / ``missing(round)``: the aggregation's roll call.  Before the Horovod allreduce of a round a
+worker tells the server it is there and waits (state_service.py, ``StateWait``) until every live worker is there
+too; workers that never come (dead, hung) are then named in an error instead of leaving everyone inside a Horovod
+collective that never completes.  Away and finished workers are not waited for.
+
 Choices where the paper is silent (docs: README, "ESync"):
 
 * The slowest worker is the live worker with the largest capability.  A worker that finished training or is away
@@ -43,6 +48,7 @@ class Record:
     queries: int = 0
     local_steps: int = 0    # over the whole run
     rounds_ready_at: dict = dataclasses.field(default_factory=dict)  # round -> time it was told READY
+    heard: float = 0.0      # server time of its last request
 
 
 class StateServer:
@@ -55,6 +61,7 @@ class StateServer:
             raise ValueError(f"epsilon must be >= 0 seconds, got {epsilon}")
         self.size, self.epsilon = size, float(epsilon)
         self.records = [Record(r) for r in range(size)]
+        self.abandoned = {}  # round -> why its aggregation was given up (a roll call timed out)
 
     def _check(self, rank):
         if not isinstance(rank, int) or not 0 <= rank < self.size:
@@ -71,7 +78,7 @@ class StateServer:
         rec = self._check(rank)
         if rec.state == "finished":
             raise ValueError(f"worker {rank} has finished; it cannot query the State Server again")
-        rec.state = "live"
+        rec.state, rec.heard = "live", float(now)
         if k < rec.k and k != 0:
             raise ValueError(f"worker {rank}: local iterations went back from {rec.k} to {k} without a reset")
         rec.local_steps += max(0, k - rec.k)
@@ -90,11 +97,35 @@ class StateServer:
         return NOT_READY
 
     def reset(self, rank, round_, t_e):
-        """RESET-STATE-SERVER(r, t, t_e): r aggregated and starts round ``round_`` at ``t_e``."""
+        """RESET-STATE-SERVER(r, t, t_e): r aggregated and starts round ``round_`` at ``t_e``.  Rounds only go
+        forward; they may skip (a worker that was away took part in the aggregations without querying)."""
         rec = self._check(rank)
-        if round_ != rec.round + 1:
-            raise ValueError(f"worker {rank}: reset to round {round_}, expected {rec.round + 1}")
+        if round_ <= rec.round:
+            raise ValueError(f"worker {rank}: reset to round {round_}, but it is already in round {rec.round}")
         rec.round, rec.k, rec.ready, rec.t_e = round_, 0, False, float(t_e)
+        rec.heard = max(rec.heard, float(t_e))
+
+    def arrive(self, rank, round_, now):
+        """r is at the aggregation of round ``round_`` (it was told READY, or ran out of local steps)."""
+        rec = self._check(rank)
+        if rec.state == "finished":
+            raise ValueError(f"worker {rank} has finished; it cannot take part in an aggregation")
+        if round_ < rec.round:
+            raise ValueError(f"worker {rank}: arrived at round {round_}, but it is already in round {rec.round}")
+        rec.state, rec.heard = "live", float(now)
+        if round_ > rec.round:  # it was away while the others aggregated
+            rec.round, rec.k = int(round_), 0
+        rec.ready = True
+
+    def abandon(self, round_, why):
+        """A worker's roll call for ``round_`` timed out: the round's aggregation will never run (the workers
+        that gave up have left it), so a latecomer must not wait for them in a collective either."""
+        self.abandoned.setdefault(int(round_), why)
+
+    def missing(self, round_):
+        """Live workers not yet at (or past) the aggregation of round ``round_``."""
+        return [rec.rank for rec in self.records
+                if rec.state == "live" and not (rec.round > round_ or (rec.round == round_ and rec.ready))]
 
     def away(self, rank):
         """The worker left its steps (a global collective, an epoch end): nobody waits for it meanwhile."""

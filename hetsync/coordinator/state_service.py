@@ -22,7 +22,7 @@ class StateServicer(pb2_grpc.StateServerServicer):
 
     def __init__(self, owner, clock=time.monotonic):
         self._o, self._clock = owner, clock
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()  # notified on every change, for StateWait
 
     def _call(self, request, context, fn):
         if not request.secret or not hmac.compare_digest(request.secret.encode(), self._o.secret.encode()):
@@ -32,7 +32,9 @@ class StateServicer(pb2_grpc.StateServerServicer):
             if server is None:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no ESync State Server is installed in this job")
             try:
-                return fn(server)
+                reply = fn(server)
+                self._lock.notify_all()
+                return reply
             except ValueError as exc:
                 code = (grpc.StatusCode.FAILED_PRECONDITION if "has finished" in str(exc)
                         else grpc.StatusCode.INVALID_ARGUMENT)
@@ -56,6 +58,35 @@ class StateServicer(pb2_grpc.StateServerServicer):
 
     def StateFinish(self, request, context):
         return self._call(request, context, lambda s: s.finish(request.worker) or pb2.StateAck())
+
+    def StateWait(self, request, context):
+        """The aggregation's roll call (state_server.arrive/missing), waiting under the lock's condition."""
+        start = self._clock()
+        self._call(request, context, lambda s: s.arrive(request.worker, request.round, start) or pb2.StateAck())
+        deadline = start + (request.timeout_s if request.timeout_s > 0 else 120.0)
+        with self._lock:
+            while True:
+                server = self._o.state_server
+                if server is None:
+                    context.abort(grpc.StatusCode.FAILED_PRECONDITION, "the ESync State Server was removed")
+                if request.round in server.abandoned:
+                    context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                  f"ESync round {request.round} was abandoned by the other workers: "
+                                  f"{server.abandoned[request.round]}")
+                missing = server.missing(request.round)
+                left = deadline - self._clock()
+                if not missing:
+                    return pb2.StateAck()
+                if left <= 0 or not context.is_active():
+                    break
+                self._lock.wait(min(left, 0.5))
+            silent = ", ".join(f"{r} (last heard {self._clock() - server.records[r].heard:.1f} s ago)"
+                               for r in missing)
+            why = (f"worker(s) {silent} did not reach the aggregation within {request.timeout_s:g} s (dead or "
+                   f"hung?); the job cannot aggregate without them")
+            server.abandon(request.round, why)
+            self._lock.notify_all()
+        context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"ESync round {request.round}: {why}")
 
     def StateMetrics(self, request, context):
         return self._call(request, context, lambda s: pb2.StateServerMetrics(**{
@@ -93,6 +124,12 @@ class StateServerClient:
     def reset(self, round_, finish_time):
         self._stub.ResetState(pb2.StateReset(secret=self.secret, worker=self.worker, round=int(round_),
                                              finish_time=float(finish_time)), timeout=self.timeout)
+
+    def wait(self, round_, timeout_s):
+        """Arrives at round ``round_``'s aggregation and waits for every live worker (StateWait); grpc.RpcError
+        DEADLINE_EXCEEDED names the workers that did not come."""
+        self._stub.StateWait(pb2.StateWaitRequest(secret=self.secret, worker=self.worker, round=int(round_),
+                                                  timeout_s=float(timeout_s)), timeout=float(timeout_s) + 30.0)
 
     def away(self):
         self._stub.StateAway(pb2.StateWorker(secret=self.secret, worker=self.worker), timeout=self.timeout)

@@ -85,6 +85,7 @@ class EngineContext {
   PartialCollectives partial;  // persistent partial-allreduce schedules (partial.h)
   HopQueues hop;               // Hop's update and token queues (hop.h)
   std::map<uint64_t, int64_t> implicit_seq;  // per-group call counters: implicit instance keys
+  int64_t async_allreduce_seq = 0;           // AsyncAllreduceOp calls started on this rank (allreduce_op.h)
 
   // ---- failure: after a timeout, stale control messages may be in flight, so every later op fails fast ----
   bool failed() const { return !failure_.empty(); }
@@ -122,7 +123,8 @@ class EngineContext {
 };
 
 // A request driven by the progress thread. Subclasses: PReduceOp, WithdrawOp, RejoinOp (preduce.h),
-// PartialAllreduceOp (partial_op.h), the Hop ops (hop_op.h); new ones plug in the same way -- see docs/engine.md.
+// PartialAllreduceOp (partial_op.h), the Hop ops (hop_op.h), AsyncAllreduceOp (allreduce_op.h); new ones plug in
+// the same way -- see docs/engine.md.
 class Operation {
  public:
   using Callback = std::function<void(const Status&)>;

@@ -1,0 +1,274 @@
+"""``sync="esync"``: ESync -- fast workers take local steps until the slowest is ready, then one aggregation
+(ESync §3.1 Algorithm 1 for the worker, §4.1 Algorithm 2 for the State Server, §4.2 for the non-blocking query).
+
+**One Keras step is one ESync round** (fit_hook.SyncPoints calls :meth:`ESync.run_step` instead of the compiled
+train function):
+
+1. local iterations: the compiled train step (the user's optimizer, the user's loss, one batch each) runs while
+   the State Server (hetsync/coordinator/state_server.py, on rank 0's coordinator server) answers NOT-READY.  The
+   first iteration of a round asks nothing (Algorithm 2 answers NOT-READY to k = 0 anyway), so every worker takes at
+   least one; the slowest worker takes exactly one, a worker c times faster about c;
+2. roll call: the worker tells the State Server it is at the aggregation and waits until every live worker is
+   (``StateWait``).  A worker that never comes (dead, hung) is named in an error after ``timeout`` seconds instead
+   of leaving everyone inside a Horovod collective that never completes;
+3. aggregation: Δ_i = w_local - w_t (eq. 6), ONE Horovod allreduce (Sum) of the fused Δ of every trainable
+   variable, the non-trainable float variables (BatchNorm statistics) and a contribution flag; then
+   w_{t+1} = w_t + ε·mean(Δ) (eqs. 7-8, ε = ``global_lr``) on every worker, and the non-trainable variables become
+   their mean.  w_t is kept in its own variables, so every worker holds the same w_{t+1} bit for bit;
+4. RESET-STATE-SERVER with the round's end time.
+
+So every rank takes the same number of Keras steps: callbacks, a user's per-batch Horovod collectives, epoch ends
+and Keras' ``steps_per_epoch`` stay in lockstep, while a fast worker processes more batches per step.  Its dataset
+must therefore supply them: repeat it (``dataset.repeat()`` with ``steps_per_epoch``, Horovod's usual pattern).  A
+rank whose iterator runs out during the extra local iterations ends the round there and contributes only the
+aggregation for the rest of the epoch.
+
+Choices where the paper is silent (README, "ESync"):
+
+* The mean is over the workers that trained this round (the flag's sum).  An idle worker (stopped early,
+  fit_hook.py) runs only the aggregation, with Δ = 0 and flag 0, so the others' allreduce completes and it
+  receives their models (as ``allreduce``'s idle steps do), and it is away for the State Server.
+* Capability c (Algorithm 1 line 15) is the duration of the worker's last local iteration, an injected slowdown
+  included (keras_callbacks.Slowdown sleeps per local iteration in this mode).  In non-blocking mode it includes the
+  last query's round-trip time (§4.2).
+* ``non_blocking=True`` (§4.2, delayed ACK): the query goes out without waiting and the worker keeps taking local
+  iterations; the answer is read after each iteration.  A Keras step cannot be aborted mid-way, so the iteration in
+  flight when READY arrives completes and its update is part of Δ (the paper aborts it); fast workers may therefore
+  take one iteration more per round than in blocking mode.
+* w_t starts, at each ``fit``'s first step, as the average of the workers' models (so ranks that were not
+  broadcast start together), and follows every sync point's consensus.
+"""
+import itertools
+import time
+
+import tensorflow as tf
+
+from hetsync.algorithms import register
+from hetsync.algorithms._wrap import wrap_post_update
+from hetsync.algorithms.base import SyncAlgorithm
+
+_WRAPS = itertools.count()
+
+
+def _number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@register
+class ESync(SyncAlgorithm):
+    name = "esync"
+    OPTIONS = {"global_lr": 1.0, "epsilon": 0.005, "non_blocking": False, "timeout": None}
+    LOCAL_ITERATIONS = True  # fit_hook: one Keras step runs run_step (several local iterations)
+    HOROVOD_REASONS = {
+        "device_dense": "it places Horovod's gradient allreduce ops on a device; sync={mode!r} allreduces model "
+                        "deltas once per round, in host memory",
+        "device_sparse": "it places Horovod's sparse gradient allgather ops on a device; sync={mode!r} allreduces "
+                         "dense model deltas",
+        "gradient_predivide_factor": "sync={mode!r} allreduces model deltas (Sum) and divides once by the workers "
+                                     "that trained in the round",
+        "op": "sync={mode!r} averages model deltas over the workers that trained (eq. 7); no other reduction",
+        "num_groups": "sync={mode!r} fuses every delta into one allreduce per round",
+        "groups": "sync={mode!r} fuses every delta into one allreduce per round",
+        "scale_local_gradients": "sync={mode!r} allreduces no gradients: each worker applies its own, unscaled",
+    }
+
+    def validate(self):
+        o = self.options
+        if not _number(o["global_lr"]) or o["global_lr"] <= 0:
+            raise ValueError(f"global_lr must be a number > 0, got {o['global_lr']!r}")
+        if not _number(o["epsilon"]) or o["epsilon"] < 0:
+            raise ValueError(f"epsilon must be a number >= 0 (seconds), got {o['epsilon']!r}")
+        if not isinstance(o["non_blocking"], bool):
+            raise ValueError(f"non_blocking must be True or False, got {o['non_blocking']!r}")
+        if o["timeout"] is not None and (not _number(o["timeout"]) or o["timeout"] <= 0):
+            raise ValueError(f"timeout must be a number > 0 (seconds) or None, got {o['timeout']!r}")
+
+    # -- set-up -------------------------------------------------------------------------------------------------
+    def wrap(self, optimizer):
+        from hetsync import _runtime
+
+        _runtime.require_init("sync='esync'")
+        services = _runtime.services()
+        services.install_state_server(float(self.options["epsilon"]))
+        self.client = services.state_client()
+        self.wait_timeout = float(self.options["timeout"] or _runtime.timeout())
+        self.scope = f"hetsync.esync.{next(_WRAPS)}"
+        self.local_hooks = []          # callbacks with on_local_iteration_begin/_end (fit_hook sets them)
+        self.model = None
+        self._round, self._c, self._rtt, self._slowest_last = 0, 0.0, 0.0, -1
+        self._fresh, self._exhausted, self._idle = True, False, False
+        self._aggregate_fn, self._globals = None, None
+        self.steps_per_round, self.blocking_s = [], []
+        return wrap_post_update(optimizer, self)
+
+    def _build(self, model):
+        """w_t variables and the compiled aggregation, once per model."""
+        if self.model is model and self._aggregate_fn is not None:
+            return
+        self.model = model
+        trainable = list(model.trainable_variables)
+        ids = {id(v) for v in trainable}
+        others = [v for v in model.variables if v.dtype.is_floating and id(v) not in ids]
+        with tf.init_scope():
+            self._globals = [tf.Variable(v.read_value(), trainable=False, name="hetsync_esync_w_t")
+                             for v in trainable]
+        self._trainable, self._others = trainable, others
+        self._aggregate_fn = tf.function(self._aggregate)
+
+    # -- one Keras step = one round -----------------------------------------------------------------------------
+    def run_step(self, train_function, iterator):
+        """Local iterations while NOT-READY, roll call, aggregation, reset; returns the last iteration's logs."""
+        if self._fresh:
+            self._start_fit()
+        logs, k = None, 0
+        future, asked_at = None, None
+        while not self._exhausted:
+            if k > 0:
+                if self.options["non_blocking"]:
+                    future, asked_at, ready = self._poll(future, asked_at, k)
+                else:
+                    ready = self.client.query(k, self._c, self._t_e)
+                if ready:
+                    break
+            began = time.monotonic()
+            for hook in self.local_hooks:
+                hook.on_local_iteration_begin()
+            try:
+                logs = train_function(iterator)
+            except (tf.errors.OutOfRangeError, StopIteration):
+                if k == 0:
+                    raise  # as in any mode: Keras ends the epoch
+                self._exhausted = True
+                break
+            for hook in self.local_hooks:
+                hook.on_local_iteration_end()
+            self._t_e = time.monotonic()
+            self._c = self._t_e - began + (self._rtt if self.options["non_blocking"] else 0.0)
+            k += 1
+        self.steps_per_round.append(k)
+        self._finish_round(active=1.0)
+        return logs if logs is not None else self._metric_logs()
+
+    def idle_step(self, train_function, iterator):
+        """An idle rank (fit_hook) trains nothing: it only takes part in the round's allreduce, with Δ = 0."""
+        if self._fresh:
+            self._start_fit()
+        self._finish_round(active=0.0)
+        return self._metric_logs()
+
+    def attach(self, model, local_hooks):
+        """fit_hook, at on_train_begin: the model and the callbacks that act per local iteration."""
+        self._build(model)
+        self.local_hooks = list(local_hooks)
+        self._fresh, self._exhausted = True, False
+
+    def on_epoch_begin(self):
+        """A new epoch has a new iterator (fit_hook)."""
+        self._exhausted = False
+
+    def _start_fit(self):
+        """First step of a fit: w_t <- the average of the workers' models (one Horovod allreduce)."""
+        self._aggregate_fn(tf.constant(1.0), True)
+        self._fresh = False
+        self._t_e = time.monotonic()
+
+    def _poll(self, future, asked_at, k):
+        """Non-blocking query (§4.2): read the answer if it came, else keep one query in flight.  The worker
+        the last answer named the slowest asks and waits: Algorithm 2 answers it READY after any step, so there is
+        nothing to overlap, and an iteration more would delay everyone's aggregation by a whole slow step."""
+        if future is not None and future.done():
+            future, ready = None, self._read(future, asked_at)
+            if ready:
+                return None, None, True
+        if future is None:
+            asked_at = time.monotonic()
+            future = self.client.query_async(k, self._c, self._t_e)
+            future.add_done_callback(lambda f: setattr(f, "answered_at", time.monotonic()))
+            if self._slowest_last == self.client.worker:
+                return None, None, self._read(future, asked_at)
+        return future, asked_at, False
+
+    def _read(self, future, asked_at):
+        reply = future.result()
+        self._rtt = getattr(future, "answered_at", time.monotonic()) - asked_at
+        self._slowest_last = reply.slowest
+        return bool(reply.ready)
+
+    def _finish_round(self, active):
+        waited = time.monotonic()
+        if active:
+            self._roll_call()
+        self._aggregate_fn(tf.constant(active), False)
+        now = time.monotonic()
+        if active:
+            self.blocking_s.append(now - waited)
+        self._round += 1
+        if not self._idle:
+            self.client.reset(self._round, now)
+        self._t_e = now
+
+    def _roll_call(self):
+        import grpc
+
+        try:
+            self.client.wait(self._round, self.wait_timeout)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and "ESync round" in (exc.details() or ""):
+                raise tf.errors.DeadlineExceededError(None, None, exc.details()) from None
+            raise RuntimeError(f"ESync State Server (rank 0) unreachable or failed: {exc.code()}: "
+                               f"{exc.details()}") from None
+
+    def _metric_logs(self):
+        return {m.name: m.result() for m in self.model.metrics}
+
+    # -- the aggregation (compiled) ---------------------------------------------------------------------------
+    def _aggregate(self, active, start):
+        """Eqs. 6-8 in one Horovod allreduce; ``start``: w_t <- mean of the models instead (a fit's first step)."""
+        import horovod.tensorflow as hvd
+
+        trainable, others, globals_ = self._trainable, self._others, self._globals
+        if start:
+            parts = [v.read_value() for v in trainable]
+        else:
+            parts = [(v.read_value() - w.read_value()) * tf.cast(active, v.dtype)
+                     for v, w in zip(trainable, globals_)]
+        parts += [v.read_value() * tf.cast(active, v.dtype) for v in others]
+        flat = tf.concat([tf.reshape(tf.cast(p, tf.float32), [-1]) for p in parts]
+                         + [tf.reshape(tf.cast(active, tf.float32), [1])], 0)
+        total = hvd.allreduce(flat, op=hvd.Sum, name=f"{self.scope}.{'start' if start else 'delta'}",
+                              compression=hvd.Compression.none if start else self.compression)
+        count = total[-1]
+        sizes = [p.shape.num_elements() for p in parts]
+        pieces = tf.split(total[:-1], sizes)
+        eps = float(self.options["global_lr"])
+        mean = [tf.reshape(p, v.shape) / tf.maximum(count, 1.0) for p, v in zip(pieces, trainable + others)]
+        for v, w, m in zip(trainable, globals_, mean):
+            new = tf.cast(m, v.dtype) if start else w.read_value() + tf.cast(eps * m, v.dtype)
+            w.assign(new)
+            v.assign(new)
+        if count > 0:
+            for v, m in zip(others, mean[len(trainable):]):
+                v.assign(tf.cast(m, v.dtype))
+        return count
+
+    # -- fit_hook / sync points ---------------------------------------------------------------------------------
+    def on_consensus_end(self, finished):
+        """The models were averaged (identical already after a round): w_t follows them."""
+        if self._globals is not None:
+            for w, v in zip(self._globals, self._trainable):
+                w.assign(v)
+
+    def on_idle(self):
+        self._idle = True
+        self.client.away()
+
+    def on_resume(self):
+        self._idle = False
+
+    def metrics(self):
+        """Rounds, local iterations per round (mean, last ones), aggregation blocking time, capability."""
+        rounds = self.steps_per_round
+        block = self.blocking_s
+        return {"rounds": self._round, "mean_local_steps": sum(rounds) / len(rounds) if rounds else 0.0,
+                "local_steps_last": rounds[-5:], "capability_s": self._c,
+                "mean_blocking_s": sum(block) / len(block) if block else 0.0}
