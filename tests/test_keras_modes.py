@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from conftest import assert_ok, run_mpi
+from conftest import assert_ok, mpi_env, run_mpi
 
 
 def test_allreduce_matches_horovod_and_ripples_static_wiring():
@@ -70,3 +70,11 @@ def test_esync_local_steps_lockstep_numpy_aggregation_and_dead_rank(variant):
     that a hung rank is named by the others' aggregation within its timeout (tests/mpi/keras_esync.py)."""
     proc = run_mpi(4, "tests/mpi/keras_esync.py", variant, launcher="horovodrun", timeout=300)
     assert_ok(proc, 4)
+
+
+def test_od_sgd_warmup_is_horovod_replays_numpy_overlaps_and_names_a_dead_rank():
+    """OD-SGD on 3 ranks (tests/mpi/keras_od_sgd.py).  Horovod's tensor fusion is off: with fusion, Horovod's own
+    3-rank reductions are not reproducible run to run, and the warm-up is compared with Horovod bit for bit."""
+    proc = run_mpi(3, "tests/mpi/keras_od_sgd.py", launcher="horovodrun", timeout=300,
+                   env=mpi_env(HOROVOD_FUSION_THRESHOLD="0"))
+    assert_ok(proc, 3)

@@ -31,15 +31,21 @@ class _Accumulation:
                 if var.ref() not in self.sums:
                     self.sums[var.ref()] = tf.Variable(tf.zeros(var.shape, dtype=grad.dtype), trainable=False,
                                                        name="hetsync_accumulated_gradient")
-            _ = optimizer.iterations  # legacy optimizers create it lazily: not inside a cond branch
-            # Build the slots here too, as the first update would, so their names do not carry the cond's scope.
-            variables = [v for _, v in pairs]
-            if hasattr(optimizer, "_create_all_weights"):  # legacy (OptimizerV2)
-                with tf.name_scope(optimizer._name):
-                    optimizer._create_all_weights(variables)
-            elif hasattr(optimizer, "build"):
-                with tf.name_scope(optimizer.name or "optimizer"):
-                    optimizer.build(variables)
+        build_slots(optimizer, [v for _, v in pairs])
+
+
+def build_slots(optimizer, variables):
+    """Creates ``optimizer``'s iteration counter and slots for ``variables`` as its first update would, lifted out of
+    any tf.function or cond branch (an update that runs inside a ``tf.cond`` would otherwise create them there, with
+    the cond's scope in their names, or fail to)."""
+    with tf.init_scope():
+        _ = optimizer.iterations  # legacy optimizers create it lazily
+        if hasattr(optimizer, "_create_all_weights"):  # legacy (OptimizerV2)
+            with tf.name_scope(optimizer._name):
+                optimizer._create_all_weights(variables)
+        elif hasattr(optimizer, "build"):
+            with tf.name_scope(optimizer.name or "optimizer"):
+                optimizer.build(variables)
 
 
 def _densify(grads_and_vars):

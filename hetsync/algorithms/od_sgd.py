@@ -1,0 +1,230 @@
+"""``sync="od-sgd"``: OD-SGD, one-step-delay SGD -- the gradient allreduce of step t runs while step t+1 computes
+(OD-SGD §3 Algorithms 1-2, mapped from the parameter server to allreduce; §3.3 local updaters; §4.6 warm-up).
+
+Every worker holds the global weights W (identical on every worker) and computes on a local copy L (the model's
+variables).  Three stages, by ``optimizer.iterations`` (which counts global updates):
+
+* **warm-up** (``iterations < warmup_steps``; §4.6 shows it is needed): plain synchronous SGD -- exactly
+  ``horovod.tensorflow.keras.DistributedOptimizer`` (its gradient allreduce, then the user's optimizer), bit for
+  bit; Horovod's keyword arguments reach it unchanged.
+* **switching** (Algorithm 2 lines 8-13): at the first training step the model is W (identical after the warm-up)
+  and no allreduce is outstanding, so W_t is the model itself.
+* **training**, at step t, in the compiled train step, after the gradient g_t was computed on L_t:
+  1. wait for the allreduce of g_{t-1} (started at step t-1: it ran while g_t was computed) and apply the
+     *global updater* -- the user's optimizer, its slots and learning-rate schedule -- to W_{t-1} with
+     mean(g_{t-1}), giving W_t, on every worker (the model variables hold W while it runs, so the optimizer's
+     state stays keyed to them);
+  2. start the non-blocking allreduce of g_t (ops.allreduce_start: the engine's progress thread moves it);
+  3. the *local updater* sets the model to L_{t+1} = local(W_t, g_t, L_t):
+     ``"sgd"``: W_t - η g_t; ``"dc-asgd-c"`` (eq. 4): W_t - η (g_t + λ g_t⊙g_t⊙(W_t - L_t));
+     ``"dc-asgd-a"`` (eq. 5-6): W_t - η (g_t + λ/sqrt(MeanSquare_t + 1e-7) ⊙ g_t⊙g_t⊙(W_t - L_t)),
+     MeanSquare_t = m·MeanSquare_{t-1} + (1-m)·g_t².  η = ``local_lr`` (default: the optimizer's current
+     learning rate), λ = ``dc_lambda``, m = ``mean_square_decay``.
+
+Choices where the paper is silent (README, "OD-SGD"):
+
+* At every sync point (epoch ends, the end of fit; fit_hook.py) the outstanding allreduce is completed and the model
+  set to W (``flush``), so validation, rank 0's checkpoint and the next epoch see the global model.
+* An idle worker (stopped early) keeps stepping with a zero gradient and weight 0: the mean is over the workers that
+  trained (a count travels with the gradients), as ``allreduce``'s idle steps do it through Horovod.
+* A worker that never starts its allreduce (dead, hung) is named by the others after ``timeout`` seconds (the
+  engine's header phase, docs/engine.md); in the warm-up, Horovod's own stall check applies.
+"""
+import tensorflow as tf
+
+from hetsync.algorithms import horovod_kwargs, register
+from hetsync.algorithms._wrap import build_slots
+from hetsync.algorithms.base import SyncAlgorithm
+
+LOCAL_UPDATERS = ("sgd", "dc-asgd-c", "dc-asgd-a")
+
+
+def _number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@register
+class ODSGD(SyncAlgorithm):
+    name = "od-sgd"
+    OPTIONS = {"warmup_steps": 100, "local_updater": "sgd", "local_lr": None, "dc_lambda": 0.04,
+               "mean_square_decay": 0.95, "timeout": None}
+    HOROVOD_APPLIED = frozenset(horovod_kwargs.NAMES)
+    HOROVOD_PASSTHROUGH = True  # the warm-up is Horovod's DistributedOptimizer itself
+
+    def validate(self):
+        o = self.options
+        if not isinstance(o["warmup_steps"], int) or isinstance(o["warmup_steps"], bool) or o["warmup_steps"] < 0:
+            raise ValueError(f"warmup_steps must be an int >= 0, got {o['warmup_steps']!r}")
+        if o["local_updater"] not in LOCAL_UPDATERS:
+            raise ValueError(f"local_updater must be one of {', '.join(LOCAL_UPDATERS)}, got {o['local_updater']!r}")
+        if o["local_lr"] is not None and (not _number(o["local_lr"]) or o["local_lr"] <= 0):
+            raise ValueError(f"local_lr must be a number > 0 or None (the optimizer's learning rate), "
+                             f"got {o['local_lr']!r}")
+        if not _number(o["dc_lambda"]) or o["dc_lambda"] < 0:
+            raise ValueError(f"dc_lambda must be a number >= 0, got {o['dc_lambda']!r}")
+        if not _number(o["mean_square_decay"]) or not 0 <= o["mean_square_decay"] < 1:
+            raise ValueError(f"mean_square_decay must be in [0, 1), got {o['mean_square_decay']!r}")
+        if o["timeout"] is not None and (not _number(o["timeout"]) or o["timeout"] <= 0):
+            raise ValueError(f"timeout must be a number > 0 (seconds) or None, got {o['timeout']!r}")
+        passes = self.horovod_kwargs.get("backward_passes_per_step", 1)
+        if passes != 1:
+            raise ValueError(f"backward_passes_per_step={passes!r} is not supported by sync='od-sgd' (its "
+                             f"training stage overlaps one allreduce per update); use 1")
+
+    # -- set-up -------------------------------------------------------------------------------------------------
+    def wrap(self, optimizer):
+        import types
+
+        import horovod.tensorflow.keras as hvd_keras
+
+        from hetsync import _runtime
+
+        _runtime.require_init("sync='od-sgd'")
+        wrapped = hvd_keras.DistributedOptimizer(optimizer, **self.horovod_kwargs)
+        with tf.init_scope():
+            self.contribution = tf.Variable(1.0, trainable=False, name="hetsync_contribution")
+            self.pending = tf.Variable(False, trainable=False, name="hetsync_od_pending")
+            self.handle = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetsync_od_handle")
+            self.last_times = tf.Variable(tf.zeros([3], tf.float64), trainable=False, name="hetsync_od_times")
+            self.global_updates = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetsync_od_updates")
+        self.optimizer, self.cls = wrapped, type(wrapped)
+        self._w, self._ms, self._variables = {}, {}, None
+        inner = wrapped._allreduce
+        algo = self
+
+        def _allreduce(opt, grads, variables):
+            scaled = [None if g is None else tf.convert_to_tensor(g) * tf.cast(algo.contribution, g.dtype)
+                      for g in grads]
+            idx = [i for i, g in enumerate(scaled) if g is not None]
+            present = [scaled[i] for i in idx]
+            if not present:
+                return grads
+            reduced = tf.cond(algo.in_warmup(), lambda: list(inner([scaled[i] for i in idx],
+                                                                    [variables[i] for i in idx])),
+                              lambda: [tf.identity(g) for g in present])
+            out = list(scaled)
+            for i, r in zip(idx, reduced):
+                out[i] = r
+            return out
+
+        def apply_gradients(opt, grads_and_vars, *args, **kwargs):
+            pairs = [(tf.convert_to_tensor(g), v) for g, v in grads_and_vars if g is not None]
+            variables = [v for _, v in pairs]
+            algo._ensure(variables)
+            done = tf.cond(algo.in_warmup(),
+                           lambda: algo._warm(pairs, args, kwargs),
+                           lambda: algo._train([g for g, _ in pairs], variables))
+            with tf.control_dependencies([done]):
+                return tf.identity(opt.iterations)
+
+        wrapped._allreduce = types.MethodType(_allreduce, wrapped)
+        wrapped.apply_gradients = types.MethodType(apply_gradients, wrapped)
+        wrapped._hetsync_algorithm = self
+        return wrapped
+
+    def in_warmup(self):
+        return self.optimizer.iterations < int(self.options["warmup_steps"])
+
+    def _ensure(self, variables):
+        """W copies and MeanSquare state, created once per variable, outside any tf.function."""
+        build_slots(self.optimizer, variables)
+        with tf.init_scope():
+            for v in variables:
+                if v.ref() not in self._w:
+                    self._w[v.ref()] = tf.Variable(v.read_value(), trainable=False, name="hetsync_od_w")
+                    if self.options["local_updater"] == "dc-asgd-a":
+                        self._ms[v.ref()] = tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
+                                                        name="hetsync_od_mean_square")
+        self._variables = list(variables)
+
+    # -- the stages (graph code, inside the compiled train step) ------------------------------------------------
+    def _warm(self, pairs, args, kwargs):
+        """Warm-up: Horovod's DistributedOptimizer (its allreduce already ran in compute_gradients)."""
+        self.cls.apply_gradients(self.optimizer, pairs, *args, **kwargs)
+        return tf.constant(True)
+
+    def _global_update(self, variables):
+        """Step 1: wait for the outstanding allreduce; W <- the user's optimizer applied to W with the mean."""
+        like = list(variables) + [tf.zeros([1], tf.float32)]
+        sums, times = self._wait(like)
+        count = tf.maximum(sums[-1][0], 1.0)
+        mean = [tf.cast(s / count, v.dtype) for s, v in zip(sums[:-1], variables)]
+        writes = [v.assign(self._w[v.ref()]) for v in variables]
+        with tf.control_dependencies(writes + [self.last_times.assign(times)]):
+            self.cls.apply_gradients(self.optimizer, list(zip(mean, variables)))
+        with tf.control_dependencies([self.global_updates.assign_add(1)]):
+            return tf.constant(True)
+
+    def _wait(self, like):
+        from hetsync import ops
+
+        wire = [tf.cast(t, tf.float32) if t.dtype != tf.float32 else t for t in like]
+        sums, times = ops.allreduce_wait(self.handle, wire)
+        return sums, times
+
+    def _train(self, grads, variables):
+        from hetsync import ops
+
+        local = [tf.identity(v.read_value()) for v in variables]  # L_t: where g_t was computed
+        with tf.control_dependencies(local):
+            updated = tf.cond(self.pending, lambda: self._global_update(variables), lambda: tf.constant(False))
+        with tf.control_dependencies([updated]):
+            w_t = [self._w[v.ref()].assign(v.read_value()) for v in variables]  # W_t (the model holds it now)
+        with tf.control_dependencies(w_t):
+            wire = [tf.cast(g, tf.float32) for g in grads] + [tf.reshape(self.contribution, [1])]
+            handle = ops.allreduce_start(wire, timeout=self.options["timeout"])
+            started = [self.handle.assign(handle), self.pending.assign(True)]
+        with tf.control_dependencies(started):
+            steps = [v.assign(self._local(v, g, self._w[v.ref()].read_value(), l))
+                     for v, g, l in zip(variables, grads, local)]
+        with tf.control_dependencies(steps):
+            return tf.constant(True)
+
+    def _learning_rate(self):
+        if self.options["local_lr"] is not None:
+            return tf.constant(float(self.options["local_lr"]))
+        lr = self.optimizer.learning_rate
+        if callable(lr):
+            lr = lr(self.optimizer.iterations)
+        return tf.convert_to_tensor(lr)
+
+    def _local(self, v, g, w, l):
+        """The local updater (§3.3): L_{t+1} from W_t, g_t (computed at L_t) and L_t."""
+        eta = tf.cast(self._learning_rate(), v.dtype)
+        kind = self.options["local_updater"]
+        if kind == "sgd":
+            return w - eta * g
+        lam = tf.cast(float(self.options["dc_lambda"]), v.dtype)
+        if kind == "dc-asgd-c":  # eq. 4
+            return w - eta * (g + lam * g * g * (w - l))
+        m = float(self.options["mean_square_decay"])  # eqs. 5-6
+        ms = self._ms[v.ref()].assign(m * self._ms[v.ref()] + (1.0 - m) * g * g)
+        return w - eta * (g + lam / tf.sqrt(ms + 1e-7) * g * g * (w - l))
+
+    # -- sync points, idle ranks ---------------------------------------------------------------------------------
+    def flush(self):
+        """Completes the outstanding allreduce and sets the model to W (the same on every worker)."""
+        if self._variables is None or not bool(self.pending.numpy()):
+            return
+        self._global_update(self._variables)
+        self.pending.assign(False)
+        for v in self._variables:
+            self._w[v.ref()].assign(v)
+
+    def on_consensus_begin(self):
+        self.flush()
+
+    def on_idle(self):
+        self.contribution.assign(0.0)
+
+    def idle_step(self, train_function, iterator):
+        return train_function(iterator)
+
+    def on_resume(self):
+        self.contribution.assign(1.0)
+
+    def metrics(self):
+        """Global updates of the training stage; the last allreduce's engine times (started, data, done)."""
+        return {"global_updates": int(self.global_updates.numpy()),
+                "last_allreduce_times": [float(t) for t in self.last_times.numpy()],
+                "in_warmup": bool(self.in_warmup().numpy())}
