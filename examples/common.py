@@ -30,15 +30,15 @@ def hyperplane(n=4096, dim=256, noise=0.1, seed=0):
     return x[:cut], y[:cut], x[cut:], y[cut:]
 
 
-def task(name, seed=0):
-    """(data, model builder, loss, metrics) for ``digits`` or ``hyperplane``."""
+def task(name, seed=0, hidden=64):
+    """(data, model builder, loss, metrics) for ``digits`` (an MLP with ``hidden`` units) or ``hyperplane``."""
     if name == "digits":
         data = digits(seed)
 
         def build():
             return tf.keras.Sequential([
                 tf.keras.layers.Input((64,)),
-                tf.keras.layers.Dense(64, activation="relu"),
+                tf.keras.layers.Dense(hidden, activation="relu"),
                 tf.keras.layers.Dense(10),
             ])
 

@@ -41,6 +41,8 @@ def parse_args(argv=None):
     p.add_argument("--delay-range", default="0.05,0.4", help="lo,hi seconds, for --slowdown imbalance")
     p.add_argument("--slow-ranks", default="0", help="comma list, for --slowdown deterministic")
     p.add_argument("--factor", type=float, default=5.0)
+    p.add_argument("--factors", default="", help="comma list, one slowdown factor per rank (deterministic)")
+    p.add_argument("--hidden", type=int, default=64, help="digits: hidden units of the MLP (its gradient size)")
     p.add_argument("--base-time", type=float, default=None, help="normal iteration time in s (default: measured)")
     p.add_argument("--compute-time", type=float, default=0.0, help="emulated compute sleep per step, s")
     p.add_argument("--eval-every", type=int, default=10)
@@ -66,7 +68,7 @@ def main(argv=None):
     hetsync.init()
     rank, size = hvd.rank(), hvd.size()
     tf.keras.utils.set_random_seed(args.seed)
-    (x_train, y_train, x_test, y_test), build, loss, metrics = task(args.task, args.seed)
+    (x_train, y_train, x_test, y_test), build, loss, metrics = task(args.task, args.seed, args.hidden)
     steps = args.steps
     if args.steps_per_rank:
         steps = [int(s) for s in args.steps_per_rank.split(",")][rank]
@@ -87,8 +89,10 @@ def main(argv=None):
     if args.slowdown != "none":
         slow = [int(r) for r in args.slow_ranks.split(",") if r]
         lo, hi = (float(v) for v in args.delay_range.split(","))
+        factors = [float(f) for f in args.factors.split(",")] if args.factors else None
         callbacks.append(keras_callbacks.Slowdown(args.slowdown, ranks=slow, factor=args.factor,
-                                                  delay_range=(lo, hi), base_time=args.base_time, seed=args.seed))
+                                                  delay_range=(lo, hi), base_time=args.base_time, seed=args.seed,
+                                                  factors=factors))
     evaluator = EvalLogger(x_test, y_test, loss, args.eval_every, t0, log_path, rank)
     callbacks += [evaluator, keras_callbacks.Consensus(every=None)]
 
@@ -98,7 +102,8 @@ def main(argv=None):
     result = model.evaluate(x_test, y_test, verbose=0, return_dict=True)
     summary = {"rank": rank, "size": size, "sync": args.sync, "steps": steps, "train_time_s": train_time,
                "steps_per_s": steps / train_time, "consensus_loss": result["loss"],
-               "consensus_accuracy": result.get("accuracy"), "algorithm": opt._hetsync_algorithm.metrics()}
+               "consensus_accuracy": result.get("accuracy"), "algorithm": opt._hetsync_algorithm.metrics(),
+               "samples": int(opt.iterations.numpy()) * args.batch_size}
     weights = np.concatenate([w.ravel() for w in model.get_weights()])
     summary["weights_checksum"] = float(np.sum(weights * np.arange(1, weights.size + 1) % 7))
     if args.log_dir:

@@ -4,7 +4,8 @@ Four modes, all seeded and all per batch (the sleep happens in ``on_train_batch_
 step's compute the way a slower GPU would, before the step's synchronization):
 
 * ``deterministic`` (Ripples §7.4): the given ``ranks`` are ``factor`` times slower: each of their batches sleeps
-  (factor - 1) x the normal iteration time.  (The paper's text says "adding 2 or 5 times the normal iteration time
+  (factor - 1) x the normal iteration time.  ``factors`` (one per rank, e.g. ESync's capacities 1:2:3:5) gives every
+  rank its own factor instead.  (The paper's text says "adding 2 or 5 times the normal iteration time
   of sleep"; we follow the issue's reading that "5x slower" means a 5x longer step, i.e. a sleep of 4 normal steps.)
 * ``random`` (Hop §7.3.1): each rank, independently at each batch, is ``factor`` times slower with probability
   ``probability`` (default 1/n, n = workers).
@@ -44,7 +45,7 @@ class Slowdown(tf.keras.callbacks.Callback):
     """Makes some workers slower, per batch, the way the papers do.  See the module docstring for the modes."""
 
     def __init__(self, mode="deterministic", ranks=(0,), factor=5.0, probability=None, delay_range=(0.05, 0.4),
-                 base_time=None, warmup=5, seed=0, rank=None, size=None):
+                 base_time=None, warmup=5, seed=0, rank=None, size=None, factors=None):
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"unknown Slowdown mode {mode!r}; valid modes: {', '.join(MODES)}")
@@ -62,6 +63,11 @@ class Slowdown(tf.keras.callbacks.Callback):
         bad = [r for r in ranks if not 0 <= r < size]
         if bad:
             raise ValueError(f"Slowdown ranks {bad} out of range for {size} workers")
+        if factors is not None:
+            if mode != "deterministic" or len(factors) != size or min(factors) < 1:
+                raise ValueError(f"factors needs mode 'deterministic' and one factor >= 1 per rank ({size}), "
+                                 f"got {list(factors)} with mode {mode!r}")
+            ranks, factor = range(size), float(factors[rank])
         self.mode, self.ranks, self.factor = mode, set(ranks), float(factor)
         self.probability = 1.0 / size if probability is None else probability
         self.delays = np.linspace(lo, hi, size)

@@ -99,6 +99,7 @@ class ESync(SyncAlgorithm):
         self._fresh, self._exhausted, self._idle = True, False, False
         self._aggregate_fn, self._globals = None, None
         self.steps_per_round, self.blocking_s = [], []
+        self._iteration_s = [0.0, 0]  # sum and count of local iteration times (mean capability)
         return wrap_post_update(optimizer, self)
 
     def _build(self, model):
@@ -143,6 +144,8 @@ class ESync(SyncAlgorithm):
             for hook in self.local_hooks:
                 hook.on_local_iteration_end()
             self._t_e = time.monotonic()
+            self._iteration_s[0] += self._t_e - began
+            self._iteration_s[1] += 1
             self._c = self._t_e - began + (self._rtt if self.options["non_blocking"] else 0.0)
             k += 1
         self.steps_per_round.append(k)
@@ -271,4 +274,5 @@ class ESync(SyncAlgorithm):
         block = self.blocking_s
         return {"rounds": self._round, "mean_local_steps": sum(rounds) / len(rounds) if rounds else 0.0,
                 "local_steps_last": rounds[-5:], "capability_s": self._c,
+                "mean_iteration_s": self._iteration_s[0] / max(self._iteration_s[1], 1),
                 "mean_blocking_s": sum(block) / len(block) if block else 0.0}

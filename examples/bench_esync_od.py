@@ -1,0 +1,177 @@
+"""ESync's and OD-SGD's benchmarks, each as ratios against Horovod allreduce measured in the same invocation
+(README, "ESync" and "OD-SGD").
+
+    python examples/bench_esync_od.py                    # both parts, 4 processes, ~12 minutes on 2 cores
+    python examples/bench_esync_od.py --parts esync      # one of esync, od-sgd
+
+1. esync: 4 workers with capacities 1:1:1:5 (worker 3 5x slower) and 1:2:3:5 (per-iteration times base x factor),
+   each an allreduce run and an esync run of the same number of Keras steps.  Reports samples/s relative to the sum
+   of the workers' standalone samples/s (each worker's batch / its mean local-iteration time, measured in the esync
+   run: what it would process alone; goal >= 0.9), and the time to a target test accuracy vs allreduce (goal >= 3x
+   at 1:1:1:5) with the final accuracies (goal: esync within 0.5 point of allreduce, or better).
+2. od-sgd: a wide MLP (``--od-hidden`` units: its gradient is ~MBs) whose allreduce takes about as long as its
+   compute: a calibration run (allreduce, no emulated compute) measures the step time T, which is then used as the
+   emulated compute of every run (T_cop ~ T_com).  Throughput of od-sgd with each local updater vs synchronous SGD
+   (allreduce), final accuracies, and warm-up length sensitivity (0, 1, 2, 3 epochs; §4.6).
+Digits, SGD, 32 examples per worker and step.  Time to target: from each job's evaluation after step
+``--eval-every`` (the start-up left out) until the test accuracy of the (common) model reaches the target.  Writes
+``--out``/results.md, results.json and esync_od.png; prints one line per run with an ETA.
+"""
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from bench_eager import Progress, chosen_parts, first_time, parser, throughput, train, warm, write_results  # noqa: E402
+from benchmark import mean_curve  # noqa: E402
+
+PARTS = ("esync", "od-sgd")
+PROFILES = {"1:1:1:5": "1,1,1,5", "1:2:3:5": "1,2,3,5"}
+UPDATERS = ("sgd", "dc-asgd-c", "dc-asgd-a")
+GOALS = {"samples_ratio": 0.9, "time_to_accuracy": 3.0, "od_gain": 0.30}
+EPOCH_STEPS = 11  # one pass over a worker's shard: 1437 training digits / 4 workers / 32 per batch
+
+
+def _secs(t):
+    return "not reached" if t is None else f"{t:.1f} s"
+
+
+def _x(v):
+    return "n/a" if v is None else f"{v:.2f}x"
+
+
+def run(args, label, mode, log, extra, progress):
+    summaries, curves = train(args, mode, "digits", os.path.join(args.out, log), extra)
+    acc = mean_curve(curves, 2)
+    start = warm(curves, args)
+    reached = first_time(acc, lambda v: v >= args.target_accuracy)
+    metrics = [s.get("algorithm", {}) for s in summaries]
+    wall = max(s["train_time_s"] for s in summaries)
+    r = dict(steps_per_s=throughput(curves, args), accuracy=summaries[0]["consensus_accuracy"],
+             time_to_target=None if reached is None else reached - start, wall_s=wall,
+             samples=[s.get("samples", 0) for s in summaries], metrics=metrics)
+    progress.step(f"{label}: {r['steps_per_s']:.2f} steps/s, time to accuracy {args.target_accuracy}: "
+                  f"{_secs(r['time_to_target'])}, final accuracy {r['accuracy']:.3f}")
+    return r, [(t - start, v) for t, v in acc]
+
+
+def esync_part(args, progress):
+    results, curves = {}, {}
+    for profile, factors in PROFILES.items():
+        slow = ["--compute-time", str(args.base_time), "--base-time", str(args.base_time), "--slowdown",
+                "deterministic", "--factors", factors]
+        for mode in ("allreduce", "esync"):
+            key = f"{profile} {mode}"
+            tag = f"esync-{profile.replace(':', '')}-{mode}"
+            results[key], curves[key] = run(args, key, mode, tag, slow, progress)
+        es = results[f"{profile} esync"]
+        batch = 32
+        standalone = sum(batch / m["mean_iteration_s"] for m in es["metrics"])
+        es["samples_per_s"] = sum(es["samples"]) / es["wall_s"]
+        es["standalone_samples_per_s"] = standalone
+        es["samples_ratio"] = es["samples_per_s"] / standalone
+        es["local_steps"] = [round(m["mean_local_steps"], 2) for m in es["metrics"]]
+    return results, curves
+
+
+def od_part(args, progress):
+    results, curves = {}, {}
+    wide = ["--hidden", str(args.od_hidden)]
+    calib, _ = run(args, "calibration (allreduce, no emulated compute)", "allreduce", "od-calibration", wide,
+                   progress)
+    t_step = 1.0 / calib["steps_per_s"]
+    compute = ["--compute-time", f"{t_step:.4f}"] + wide
+    results["calibration"] = dict(step_s=t_step)
+    plan = [("allreduce", "allreduce", [])]
+    plan += [(f"od-sgd {u}", "od-sgd", [f"local_updater={u}", f"warmup_steps={EPOCH_STEPS}"]) for u in UPDATERS]
+    plan += [(f"od-sgd sgd, warm-up {e} epochs", "od-sgd", ["local_updater=sgd", f"warmup_steps={e * EPOCH_STEPS}"])
+             for e in (0, 2, 3)]
+    for label, mode, options in plan:
+        extra = list(compute)
+        for o in options:
+            extra += ["--sync-option", o]
+        tag = "od-" + label.replace(" ", "_").replace(",", "")
+        results[label], curves[label] = run(args, label, mode, tag, extra, progress)
+    return results, curves
+
+
+def markdown(results, args):
+    lines = [f"ESync / OD-SGD benchmarks, {args.workers} processes ({__import__('time').strftime('%Y-%m-%d')}, "
+             f"`python examples/bench_esync_od.py`; digits, {args.steps} steps per worker, lr {args.lr_}, "
+             f"target test accuracy {args.target_accuracy})", ""]
+    if "esync" in results:
+        r = results["esync"]
+        lines += [f"**ESync** ({args.base_time * 1000:.0f} ms emulated compute x capacity factor per local iteration)",
+                  "", "| capacities | mode | steps/s | time to target | vs allreduce | final accuracy | samples/s | "
+                  "vs standalone sum | local steps per round |", "|---|---|---|---|---|---|---|---|---|"]
+        for profile in PROFILES:
+            ar, es = r[f"{profile} allreduce"], r[f"{profile} esync"]
+            speed = (ar["time_to_target"] / es["time_to_target"]
+                     if ar["time_to_target"] and es["time_to_target"] else None)
+            ar_sps = sum(ar["samples"]) / ar["wall_s"]
+            lines.append(f"| {profile} | allreduce | {ar['steps_per_s']:.2f} | {_secs(ar['time_to_target'])} | 1.00x | "
+                         f"{ar['accuracy']:.3f} | {ar_sps:.0f} | {ar_sps / es['standalone_samples_per_s']:.2f} | 1 |")
+            lines.append(f"| {profile} | esync | {es['steps_per_s']:.2f} | {_secs(es['time_to_target'])} | {_x(speed)} | "
+                         f"{es['accuracy']:.3f} | {es['samples_per_s']:.0f} | {es['samples_ratio']:.2f} | "
+                         f"{es['local_steps']} |")
+        lines += ["", f"goals: samples/s >= {GOALS['samples_ratio']} of the standalone sum; time to target >= "
+                  f"{GOALS['time_to_accuracy']}x at 1:1:1:5; final accuracy within 0.5 point of allreduce", ""]
+    if "od-sgd" in results:
+        r = results["od-sgd"]
+        base = r["allreduce"]["steps_per_s"]
+        lines += [f"**OD-SGD** ({args.od_hidden}-unit MLP; calibrated step {r['calibration']['step_s'] * 1000:.0f} ms "
+                  f"= emulated compute of every run, so T_cop ~ T_com)", "",
+                  "| run | steps/s | gain vs allreduce | time to target | final accuracy |", "|---|---|---|---|---|"]
+        for label, x in r.items():
+            if label == "calibration":
+                continue
+            lines.append(f"| {label} | {x['steps_per_s']:.2f} | {x['steps_per_s'] / base - 1:+.0%} | "
+                         f"{_secs(x['time_to_target'])} | {x['accuracy']:.3f} |")
+        lines += ["", f"goal: >= +{GOALS['od_gain']:.0%} throughput (paper +17.9..+35%, limit +50%) at final accuracy "
+                  "within 0.5 point; warm-up rows: §4.6's sensitivity (1 epoch = the 'od-sgd sgd' row)", ""]
+    return "\n".join(lines)
+
+
+def plot(curves, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    parts = [p for p in PARTS if p in curves]
+    fig, axes = plt.subplots(1, len(parts), figsize=(6 * len(parts), 4), squeeze=False)
+    for ax, part in zip(axes[0], parts):
+        for label, curve in curves[part].items():
+            if curve:
+                ax.plot(*zip(*curve), label=label)
+        ax.set(title=f"{part}: test accuracy", xlabel="wall time after warm-up (s)", ylabel="accuracy")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    p = parser(__doc__, PARTS, 120, "results/esync_od")
+    p.set_defaults(workers=4)
+    p.add_argument("--base-time", type=float, default=0.03, help="esync: emulated compute per local iteration, s")
+    p.add_argument("--od-hidden", type=int, default=4096, help="od-sgd: hidden units of the wide MLP")
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--target-accuracy", type=float, default=0.9)
+    args = p.parse_args(argv)
+    args.lr_ = args.lr
+    args.lr = {"digits": args.lr}
+    parts = chosen_parts(p, args, PARTS)
+    runs = {"esync": 2 * len(PROFILES), "od-sgd": 1 + 1 + len(UPDATERS) + 3}
+    progress = Progress(sum(runs[x] for x in parts))
+    results, curves = {}, {}
+    for part in parts:
+        results[part], curves[part] = (esync_part if part == "esync" else od_part)(args, progress)
+    text = markdown(results, args)
+    write_results(args, results, text)
+    plot(curves, os.path.join(args.out, "esync_od.png"))
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
