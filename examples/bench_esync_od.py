@@ -68,7 +68,8 @@ def esync_part(args, progress):
         es = results[f"{profile} esync"]
         batch = 32
         standalone = sum(batch / m["mean_iteration_s"] for m in es["metrics"])
-        es["samples_per_s"] = sum(es["samples"]) / es["wall_s"]
+        for x in (es, results[f"{profile} allreduce"]):  # steady state: steps/s x samples per step
+            x["samples_per_s"] = x["steps_per_s"] * sum(x["samples"]) / args.steps
         es["standalone_samples_per_s"] = standalone
         es["samples_ratio"] = es["samples_per_s"] / standalone
         es["local_steps"] = [round(m["mean_local_steps"], 2) for m in es["metrics"]]
@@ -109,7 +110,7 @@ def markdown(results, args):
             ar, es = r[f"{profile} allreduce"], r[f"{profile} esync"]
             speed = (ar["time_to_target"] / es["time_to_target"]
                      if ar["time_to_target"] and es["time_to_target"] else None)
-            ar_sps = sum(ar["samples"]) / ar["wall_s"]
+            ar_sps = ar["samples_per_s"]
             lines.append(f"| {profile} | allreduce | {ar['steps_per_s']:.2f} | {_secs(ar['time_to_target'])} | 1.00x | "
                          f"{ar['accuracy']:.3f} | {ar_sps:.0f} | {ar_sps / es['standalone_samples_per_s']:.2f} | 1 |")
             lines.append(f"| {profile} | esync | {es['steps_per_s']:.2f} | {_secs(es['time_to_target'])} | {_x(speed)} | "
@@ -152,7 +153,7 @@ def plot(curves, path):
 
 
 def main(argv=None):
-    p = parser(__doc__, PARTS, 120, "results/esync_od")
+    p = parser(__doc__, PARTS, 150, "results/esync_od")
     p.set_defaults(workers=4)
     p.add_argument("--base-time", type=float, default=0.03, help="esync: emulated compute per local iteration, s")
     p.add_argument("--od-hidden", type=int, default=4096, help="od-sgd: hidden units of the wide MLP")
