@@ -394,8 +394,9 @@ def allreduce_start(tensors, timeout=None, name=None):
 
 def allreduce_wait(handle, like, name=None):
     """Waits for the allreduce started as ``handle`` (each handle once); returns ``(sums, times)``: the sums shaped
-    like the tensors/variables in ``like`` (a list), and ``times`` = [started, data phase began, done], seconds of
-    the monotonic clock (Python's ``time.monotonic``) as the engine saw them."""
+    like the tensors/variables in ``like`` (a list), and ``times`` = [started, data phase began, done, this wait
+    began], seconds of the monotonic clock (Python's ``time.monotonic``) as the engine saw them: ``done - wait``,
+    when positive, is the part of the transfer the caller did not hide."""
     like = [tf.convert_to_tensor(t) for t in like]
     with tf.name_scope(name or "allreduce_wait"):
         sums, times = _lib.hetsync_allreduce_wait(handle=handle, like=like)

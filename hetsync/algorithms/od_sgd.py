@@ -85,7 +85,9 @@ class ODSGD(SyncAlgorithm):
             self.contribution = tf.Variable(1.0, trainable=False, name="hetsync_contribution")
             self.pending = tf.Variable(False, trainable=False, name="hetsync_od_pending")
             self.handle = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetsync_od_handle")
-            self.last_times = tf.Variable(tf.zeros([3], tf.float64), trainable=False, name="hetsync_od_times")
+            self.last_times = tf.Variable(tf.zeros([4], tf.float64), trainable=False, name="hetsync_od_times")
+            # sums over the training stage: transfer time (data phase) and the part of it the step waited for
+            self.transfer_s = tf.Variable(tf.zeros([2], tf.float64), trainable=False, name="hetsync_od_transfer")
             self.global_updates = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetsync_od_updates")
         self.optimizer, self.cls = wrapped, type(wrapped)
         self._w, self._ms, self._variables = {}, {}, None
@@ -150,7 +152,8 @@ class ODSGD(SyncAlgorithm):
         count = tf.maximum(sums[-1][0], 1.0)
         mean = [tf.cast(s / count, v.dtype) for s, v in zip(sums[:-1], variables)]
         writes = [v.assign(self._w[v.ref()]) for v in variables]
-        with tf.control_dependencies(writes + [self.last_times.assign(times)]):
+        spent = tf.stack([times[2] - times[1], tf.maximum(times[2] - times[3], 0.0)])
+        with tf.control_dependencies(writes + [self.last_times.assign(times), self.transfer_s.assign_add(spent)]):
             self.cls.apply_gradients(self.optimizer, list(zip(mean, variables)))
         with tf.control_dependencies([self.global_updates.assign_add(1)]):
             return tf.constant(True)
@@ -224,7 +227,11 @@ class ODSGD(SyncAlgorithm):
         self.contribution.assign(1.0)
 
     def metrics(self):
-        """Global updates of the training stage; the last allreduce's engine times (started, data, done)."""
+        """Global updates of the training stage; the last allreduce's engine times (started, data, done, waited);
+        the mean transfer time and the mean part of it a step waited for (not hidden by the next step's compute)."""
+        n = max(int(self.global_updates.numpy()), 1)
+        spent = self.transfer_s.numpy() / n
         return {"global_updates": int(self.global_updates.numpy()),
+                "mean_transfer_s": float(spent[0]), "mean_exposed_wait_s": float(spent[1]),
                 "last_allreduce_times": [float(t) for t in self.last_times.numpy()],
                 "in_warmup": bool(self.in_warmup().numpy())}

@@ -136,7 +136,7 @@ def check_fit_overlaps(rank, size):
     for s in range(9, len(steps.times)):
         if s % 20 == 0:
             continue  # the first step of an epoch: the epoch-end flush completed the allreduce before it
-        started, data, done = steps.times[s]
+        started, data, done, waited = steps.times[s]
         total += 1
         assert started < steps.begins[s], (s, started, steps.begins[s])
         overlapped += done > steps.begins[s]

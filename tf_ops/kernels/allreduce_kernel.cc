@@ -42,12 +42,12 @@ REGISTER_OP("HetsyncAllreduceWait")
       int n = 0;
       TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
       for (int i = 0; i < n; ++i) c->set_output(i, c->input(1 + i));
-      c->set_output(n, c->Vector(3));
+      c->set_output(n, c->Vector(4));
       return tensorflow::OkStatus();
     })
     .Doc(R"doc(
 Waits for the allreduce started as `handle` (each handle once) and returns its sums shaped like `like`, and
-times = [started, data phase began, done] in seconds of the steady (CLOCK_MONOTONIC) clock.
+times = [started, data phase began, done, wait called] in seconds of the steady (CLOCK_MONOTONIC) clock.
 )doc");
 
 class AllreduceStartKernel : public tensorflow::OpKernel {
@@ -103,6 +103,7 @@ class AllreduceWaitKernel : public AsyncOpKernel {
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    const double waited_at = SteadySeconds();
     const int64_t handle = ctx->input(0).scalar<int64_t>()();
     auto result = AsyncResults::Get().Take(handle);
     OP_REQUIRES_ASYNC(ctx, result != nullptr,
@@ -116,7 +117,7 @@ class AllreduceWaitKernel : public AsyncOpKernel {
                                                           result->count, " elements, but `like` has ", total),
                       done);
     const int n = n_;
-    result->OnDone([ctx, done, result, n](const Status& s) {
+    result->OnDone([ctx, done, result, n, waited_at](const Status& s) {
       if (!s.ok) {
         ctx->SetStatus(ToTf(s));
         done();
@@ -136,12 +137,13 @@ class AllreduceWaitKernel : public AsyncOpKernel {
         p += dst.size();
       }
       Tensor* times = nullptr;
-      tensorflow::Status st = ctx->allocate_output(n, TensorShape({3}), &times);
+      tensorflow::Status st = ctx->allocate_output(n, TensorShape({4}), &times);
       if (st.ok()) {
         auto t = times->vec<double>();
         t(0) = result->t_enqueued;
         t(1) = result->t_data;
         t(2) = result->t_done;
+        t(3) = waited_at;
       } else {
         ctx->SetStatus(st);
       }
