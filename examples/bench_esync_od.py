@@ -29,6 +29,7 @@ from benchmark import mean_curve  # noqa: E402
 PARTS = ("esync", "od-sgd")
 PROFILES = {"1:1:1:5": "1,1,1,5", "1:2:3:5": "1,2,3,5"}
 UPDATERS = ("sgd", "dc-asgd-c", "dc-asgd-a")
+ESYNC_RUNS = [("allreduce", []), ("esync", []), ("esync", ["--sync-option", "non_blocking=True"])]
 GOALS = {"samples_ratio": 0.9, "time_to_accuracy": 3.0, "od_gain": 0.30}
 EPOCH_STEPS = 11  # one pass over a worker's shard: 1437 training digits / 4 workers / 32 per batch
 
@@ -61,18 +62,20 @@ def esync_part(args, progress):
     for profile, factors in PROFILES.items():
         slow = ["--compute-time", str(args.base_time), "--base-time", str(args.base_time), "--slowdown",
                 "deterministic", "--factors", factors]
-        for mode in ("allreduce", "esync"):
-            key = f"{profile} {mode}"
-            tag = f"esync-{profile.replace(':', '')}-{mode}"
-            results[key], curves[key] = run(args, key, mode, tag, slow, progress)
-        es = results[f"{profile} esync"]
+        for mode, options in ESYNC_RUNS:
+            key = f"{profile} {mode}{' non-blocking' if options else ''}"
+            tag = f"esync-{profile.replace(':', '')}-{mode}{'-nb' if options else ''}"
+            results[key], curves[key] = run(args, key, mode, tag, slow + options, progress)
         batch = 32
-        standalone = sum(batch / m["mean_iteration_s"] for m in es["metrics"])
-        for x in (es, results[f"{profile} allreduce"]):  # steady state: steps/s x samples per step
+        esync = [results[f"{profile} esync"], results[f"{profile} esync non-blocking"]]
+        for es in esync:
+            es["standalone_samples_per_s"] = sum(batch / m["mean_iteration_s"] for m in es["metrics"])
+            es["local_steps"] = [round(m["mean_local_steps"], 2) for m in es["metrics"]]
+        results[f"{profile} allreduce"]["standalone_samples_per_s"] = esync[0]["standalone_samples_per_s"]
+        for mode, options in ESYNC_RUNS:  # steady state: steps/s x samples per step
+            x = results[f"{profile} {mode}{' non-blocking' if options else ''}"]
             x["samples_per_s"] = x["steps_per_s"] * sum(x["samples"]) / args.steps
-        es["standalone_samples_per_s"] = standalone
-        es["samples_ratio"] = es["samples_per_s"] / standalone
-        es["local_steps"] = [round(m["mean_local_steps"], 2) for m in es["metrics"]]
+            x["samples_ratio"] = x["samples_per_s"] / x["standalone_samples_per_s"]
     return results, curves
 
 
@@ -107,15 +110,14 @@ def markdown(results, args):
                   "", "| capacities | mode | steps/s | time to target | vs allreduce | final accuracy | samples/s | "
                   "vs standalone sum | local steps per round |", "|---|---|---|---|---|---|---|---|---|"]
         for profile in PROFILES:
-            ar, es = r[f"{profile} allreduce"], r[f"{profile} esync"]
-            speed = (ar["time_to_target"] / es["time_to_target"]
-                     if ar["time_to_target"] and es["time_to_target"] else None)
-            ar_sps = ar["samples_per_s"]
-            lines.append(f"| {profile} | allreduce | {ar['steps_per_s']:.2f} | {_secs(ar['time_to_target'])} | 1.00x | "
-                         f"{ar['accuracy']:.3f} | {ar_sps:.0f} | {ar_sps / es['standalone_samples_per_s']:.2f} | 1 |")
-            lines.append(f"| {profile} | esync | {es['steps_per_s']:.2f} | {_secs(es['time_to_target'])} | {_x(speed)} | "
-                         f"{es['accuracy']:.3f} | {es['samples_per_s']:.0f} | {es['samples_ratio']:.2f} | "
-                         f"{es['local_steps']} |")
+            ar = r[f"{profile} allreduce"]
+            for label in ("allreduce", "esync", "esync non-blocking"):
+                x = r[f"{profile} {label}"]
+                speed = (ar["time_to_target"] / x["time_to_target"]
+                         if ar["time_to_target"] and x["time_to_target"] else None)
+                lines.append(f"| {profile} | {label} | {x['steps_per_s']:.2f} | {_secs(x['time_to_target'])} | "
+                             f"{_x(speed)} | {x['accuracy']:.3f} | {x['samples_per_s']:.0f} | "
+                             f"{x['samples_ratio']:.2f} | {x.get('local_steps', 1)} |")
         lines += ["", f"goals: samples/s >= {GOALS['samples_ratio']} of the standalone sum; time to target >= "
                   f"{GOALS['time_to_accuracy']}x at 1:1:1:5; final accuracy within 0.5 point of allreduce", ""]
     if "od-sgd" in results:
@@ -123,12 +125,17 @@ def markdown(results, args):
         base = r["allreduce"]["steps_per_s"]
         lines += [f"**OD-SGD** ({args.od_hidden}-unit MLP; calibrated step {r['calibration']['step_s'] * 1000:.0f} ms "
                   f"= emulated compute of every run, so T_cop ~ T_com)", "",
-                  "| run | steps/s | gain vs allreduce | time to target | final accuracy |", "|---|---|---|---|---|"]
+                  "| run | steps/s | throughput gain (eq. 7) | IMP_Rate (eq. 1) | transfer / waited per step | "
+                  "time to target | final accuracy |", "|---|---|---|---|---|---|---|"]
         for label, x in r.items():
             if label == "calibration":
                 continue
+            m = x["metrics"][0]
+            hidden = (f"{m['mean_transfer_s'] * 1000:.1f} / {m['mean_exposed_wait_s'] * 1000:.1f} ms"
+                      if "mean_transfer_s" in m else "-")
             lines.append(f"| {label} | {x['steps_per_s']:.2f} | {x['steps_per_s'] / base - 1:+.0%} | "
-                         f"{_secs(x['time_to_target'])} | {x['accuracy']:.3f} |")
+                         f"{1 - base / x['steps_per_s']:.0%} | {hidden} | {_secs(x['time_to_target'])} | "
+                         f"{x['accuracy']:.3f} |")
         lines += ["", f"goal: >= +{GOALS['od_gain']:.0%} throughput (paper +17.9..+35%, limit +50%) at final accuracy "
                   "within 0.5 point; warm-up rows: §4.6's sensitivity (1 epoch = the 'od-sgd sgd' row)", ""]
     return "\n".join(lines)
@@ -163,7 +170,7 @@ def main(argv=None):
     args.lr_ = args.lr
     args.lr = {"digits": args.lr}
     parts = chosen_parts(p, args, PARTS)
-    runs = {"esync": 2 * len(PROFILES), "od-sgd": 1 + 1 + len(UPDATERS) + 3}
+    runs = {"esync": len(ESYNC_RUNS) * len(PROFILES), "od-sgd": 1 + 1 + len(UPDATERS) + 3}
     progress = Progress(sum(runs[x] for x in parts))
     results, curves = {}, {}
     for part in parts:

@@ -32,7 +32,8 @@ DEFAULTS = dict(
     average_aggregated_gradients=False, num_groups=0, groups=None, process_set=hvd_tf.global_process_set,
     scale_local_gradients=True,
 )
-DECENTRALIZED = [m for m in algorithms.available_modes() if m != "allreduce"]
+# Modes that resolve Horovod's kwargs themselves (the others, allreduce and od-sgd, hand them to Horovod unchanged)
+DECENTRALIZED = [m for m in algorithms.available_modes() if not algorithms._REGISTRY[m].HOROVOD_PASSTHROUGH]
 
 
 def ours(caught):
@@ -83,7 +84,7 @@ def test_every_mode_accepts_every_horovod_kwarg(mode):
     assert algo.horovod_kwargs == NON_DEFAULT
     assert algo.options == type(algo).OPTIONS  # the mode's own options are untouched
     assert algo.compression is hvd_keras.Compression.fp16
-    if mode == "allreduce":
+    if type(algo).HOROVOD_PASSTHROUGH:  # allreduce, od-sgd: Horovod applies (and validates) them
         assert caught == [] and algo.ignored_horovod_kwargs == {}
     else:
         assert (algo.backward_passes_per_step, algo.average_aggregated_gradients, algo.sparse_as_dense,

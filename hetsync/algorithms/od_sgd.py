@@ -66,10 +66,6 @@ class ODSGD(SyncAlgorithm):
             raise ValueError(f"mean_square_decay must be in [0, 1), got {o['mean_square_decay']!r}")
         if o["timeout"] is not None and (not _number(o["timeout"]) or o["timeout"] <= 0):
             raise ValueError(f"timeout must be a number > 0 (seconds) or None, got {o['timeout']!r}")
-        passes = self.horovod_kwargs.get("backward_passes_per_step", 1)
-        if passes != 1:
-            raise ValueError(f"backward_passes_per_step={passes!r} is not supported by sync='od-sgd' (its "
-                             f"training stage overlaps one allreduce per update); use 1")
 
     # -- set-up -------------------------------------------------------------------------------------------------
     def wrap(self, optimizer):
@@ -90,7 +86,9 @@ class ODSGD(SyncAlgorithm):
             self.transfer_s = tf.Variable(tf.zeros([2], tf.float64), trainable=False, name="hetsync_od_transfer")
             self.global_updates = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetsync_od_updates")
         self.optimizer, self.cls = wrapped, type(wrapped)
-        self._w, self._ms, self._variables = {}, {}, None
+        self._w, self._ms, self._sums, self._variables = {}, {}, {}, None
+        with tf.init_scope():
+            self._passes = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetsync_od_passes")
         inner = wrapped._allreduce
         algo = self
 
@@ -115,7 +113,7 @@ class ODSGD(SyncAlgorithm):
             algo._ensure(variables)
             done = tf.cond(algo.in_warmup(),
                            lambda: algo._warm(pairs, args, kwargs),
-                           lambda: algo._train([g for g, _ in pairs], variables))
+                           lambda: algo._accumulate_or_train([g for g, _ in pairs], variables))
             with tf.control_dependencies([done]):
                 return tf.identity(opt.iterations)
 
@@ -125,7 +123,13 @@ class ODSGD(SyncAlgorithm):
         return wrapped
 
     def in_warmup(self):
-        return self.optimizer.iterations < int(self.options["warmup_steps"])
+        """``iterations < warmup_steps``, rounded up to whole updates: with ``backward_passes_per_step`` N Horovod's
+        gradient aggregation advances ``iterations`` on every pass, and the switch must come after a complete
+        update (a switch in the middle of Horovod's accumulation left its half-accumulated state behind and stalled
+        training, measured)."""
+        passes = int(self.horovod_kwargs.get("backward_passes_per_step", 1) or 1)
+        warmup = -(-int(self.options["warmup_steps"]) // passes) * passes
+        return self.optimizer.iterations < warmup
 
     def _ensure(self, variables):
         """W copies and MeanSquare state, created once per variable, outside any tf.function."""
@@ -134,6 +138,9 @@ class ODSGD(SyncAlgorithm):
             for v in variables:
                 if v.ref() not in self._w:
                     self._w[v.ref()] = tf.Variable(v.read_value(), trainable=False, name="hetsync_od_w")
+                    if int(self.horovod_kwargs.get("backward_passes_per_step", 1) or 1) > 1:
+                        self._sums[v.ref()] = tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
+                                                          name="hetsync_od_accumulated_gradient")
                     if self.options["local_updater"] == "dc-asgd-a":
                         self._ms[v.ref()] = tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
                                                         name="hetsync_od_mean_square")
@@ -164,6 +171,30 @@ class ODSGD(SyncAlgorithm):
         wire = [tf.cast(t, tf.float32) if t.dtype != tf.float32 else t for t in like]
         sums, times = ops.allreduce_wait(self.handle, wire)
         return sums, times
+
+    def _accumulate_or_train(self, grads, variables):
+        """Horovod's ``backward_passes_per_step`` N in the training stage: N passes add up locally (their sum, or
+        mean with ``average_aggregated_gradients``), then one training step.  (In the warm-up Horovod's own helper
+        does it.)"""
+        passes = int(self.horovod_kwargs.get("backward_passes_per_step", 1) or 1)
+        if passes == 1:
+            return self._train(grads, variables)
+        sums = [self._sums[v.ref()] for v in variables]
+        added = [s.assign_add(g) for s, g in zip(sums, grads)]
+        with tf.control_dependencies(added):
+            ready = self._passes.assign_add(1) >= passes
+
+        def update():
+            total = [s.read_value() for s in sums]
+            if self.horovod_kwargs.get("average_aggregated_gradients", False):
+                total = [t / passes for t in total]
+            done = self._train(total, variables)
+            with tf.control_dependencies([done]):
+                cleared = [s.assign(tf.zeros_like(s)) for s in sums] + [self._passes.assign(0)]
+            with tf.control_dependencies(cleared):
+                return tf.constant(True)
+
+        return tf.cond(ready, update, lambda: tf.constant(False))
 
     def _train(self, grads, variables):
         from hetsync import ops

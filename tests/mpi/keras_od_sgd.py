@@ -150,6 +150,26 @@ def check_fit_overlaps(rank, size):
     assert algo.metrics()["global_updates"] == 40 - 8
 
 
+def check_backward_passes(rank, size):
+    """backward_passes_per_step=2: Horovod aggregates in the warm-up (3 steps, rounded up to a whole update),
+    hetsync in the training stage; the job trains and every rank ends with the same W."""
+    rng = np.random.default_rng(rank)
+    x = rng.normal(size=(64, 3)).astype(np.float32)
+    y = x.sum(axis=1, keepdims=True)
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.layers.Input((3,)), tf.keras.layers.Dense(1)])
+    opt = hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.05), sync="od-sgd", warmup_steps=3,
+                                       backward_passes_per_step=2, average_aggregated_gradients=True)
+    model.compile(optimizer=opt, loss="mse")
+    hist = model.fit(x, y, batch_size=4, epochs=3, verbose=0)
+    losses = hist.history["loss"]
+    assert losses[-1] < 0.25 * losses[0], losses
+    flat = np.concatenate([w.ravel() for w in model.get_weights()])
+    everyone = hvd.allgather(tf.constant(flat[None, :])).numpy()
+    assert (everyone == everyone[:1]).all(), "ranks ended with different models"
+    assert opt._hetsync_algorithm.metrics()["global_updates"] > 15
+
+
 class Hang(tf.keras.callbacks.Callback):
     def on_train_batch_begin(self, batch, logs=None):
         if batch == 4:
@@ -182,6 +202,7 @@ def main():
     for kind, lr in (("sgd", None), ("dc-asgd-c", 0.05), ("dc-asgd-a", None)):
         check_replay(kind, rank, size, local_lr=lr)
     check_fit_overlaps(rank, size)
+    check_backward_passes(rank, size)
     check_dead_rank(rank, size)
     hvd.allreduce(tf.constant(1.0), name="after_dead")
     print(f"OK rank={rank}", flush=True)
