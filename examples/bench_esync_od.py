@@ -29,7 +29,7 @@ from benchmark import mean_curve  # noqa: E402
 PARTS = ("esync", "od-sgd")
 PROFILES = {"1:1:1:5": "1,1,1,5", "1:2:3:5": "1,2,3,5"}
 UPDATERS = ("sgd", "dc-asgd-c", "dc-asgd-a")
-ESYNC_RUNS = [("allreduce", []), ("esync", []), ("esync", ["--sync-option", "non_blocking=True"])]
+ESYNC_RUNS = [("allreduce", []), ("esync", []), ("esync", ["--sync-option", "non_blocking=true"])]
 GOALS = {"samples_ratio": 0.9, "time_to_accuracy": 3.0, "od_gain": 0.30}
 TRAIN_DIGITS = 1437  # examples/common.py: 80% of scikit-learn's 1797 digits
 
