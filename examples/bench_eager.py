@@ -235,6 +235,26 @@ def markdown(results, args):
     return "\n".join(lines)
 
 
+def plot_parts(curves, parts, path, ylabel, yscale="linear", width=5.0):
+    """One panel per part (bench_hop.py, bench_esync_od.py): each run's curve of ``ylabel`` over wall time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    parts = [p for p in parts if p in curves]
+    fig, axes = plt.subplots(1, len(parts), figsize=(width * len(parts), 3.8), squeeze=False)
+    for ax, part in zip(axes[0], parts):
+        for label, curve in curves[part].items():
+            if curve:
+                ax.plot(*zip(*curve), label=label)
+        ax.set(title=f"{part}: {ylabel}", xlabel="wall time after warm-up (s)", ylabel=ylabel.split()[-1],
+               yscale=yscale)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def plot(curves, path):
     import matplotlib
 

@@ -23,7 +23,8 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_eager import Progress, chosen_parts, first_time, parser, train, warm, write_results  # noqa: E402
+from bench_eager import (Progress, chosen_parts, first_time, parser, plot_parts, train, warm,  # noqa: E402
+                         write_results)
 from benchmark import mean_curve  # noqa: E402
 
 PARTS = ("esync", "od-sgd")
@@ -166,28 +167,12 @@ def markdown(results, args):
             lines.append(f"| {label} | {x['steps_per_s']:.2f} | {x['steps_per_s'] / b - 1:+.0%} | "
                          f"{1 - b / x['steps_per_s']:.0%} | {hidden} | {_secs(x['time_to_target'])} | "
                          f"{x['accuracy']:.3f} |")
-        lines += ["", f"steps/s counted after step {3 * r['calibration']['epoch_steps'] + args.eval_every} (every run is then past its warm-up); goal: >= +{GOALS['od_gain']:.0%} throughput (paper +17.9..+35%, limit +50%) at final accuracy "
-                  f"within 0.5 point; warm-up rows: §4.6's sensitivity (1 epoch = {r['calibration']['epoch_steps']} "
-                  "steps = the 'od-sgd sgd' row)", ""]
+        after = 3 * r["calibration"]["epoch_steps"] + args.eval_every
+        lines += ["", f"steps/s counted after step {after} (every run is then past its warm-up); goal: >= "
+                  f"+{GOALS['od_gain']:.0%} throughput (paper +17.9..+35%, limit +50%) at final accuracy within 0.5 "
+                  f"point; warm-up rows: §4.6's sensitivity (1 epoch = {r['calibration']['epoch_steps']} steps = the "
+                  "'od-sgd sgd' row)", ""]
     return "\n".join(lines)
-
-
-def plot(curves, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    parts = [p for p in PARTS if p in curves]
-    fig, axes = plt.subplots(1, len(parts), figsize=(6 * len(parts), 4), squeeze=False)
-    for ax, part in zip(axes[0], parts):
-        for label, curve in curves[part].items():
-            if curve:
-                ax.plot(*zip(*curve), label=label)
-        ax.set(title=f"{part}: test accuracy", xlabel="wall time after warm-up (s)", ylabel="accuracy")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
 
 
 def main(argv=None):
@@ -211,7 +196,7 @@ def main(argv=None):
         results[part], curves[part] = (esync_part if part == "esync" else od_part)(args, progress)
     text = markdown(results, args)
     write_results(args, results, text)
-    plot(curves, os.path.join(args.out, "esync_od.png"))
+    plot_parts(curves, PARTS, os.path.join(args.out, "esync_od.png"), "test accuracy", width=6.0)
     print(text)
 
 

@@ -28,8 +28,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_eager import (Progress, chosen_parts, first_time, parser, throughput, train, warm,  # noqa: E402
-                         write_results)
+from bench_eager import (Progress, chosen_parts, first_time, parser, plot_parts, throughput, train,  # noqa: E402
+                         warm, write_results)
 from benchmark import mean_curve  # noqa: E402
 
 PARTS = ("random", "deterministic", "topology")
@@ -136,25 +136,6 @@ def markdown(results, args):
     return "\n".join(lines)
 
 
-def plot(curves, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    parts = [p for p in PARTS if p in curves]
-    fig, axes = plt.subplots(1, len(parts), figsize=(5 * len(parts), 3.8), squeeze=False)
-    for ax, part in zip(axes[0], parts):
-        for label, curve in curves[part].items():
-            if curve:
-                ax.plot(*zip(*curve), label=label)
-        ax.set(title=f"{part}: mean worker test loss", xlabel="wall time after warm-up (s)", ylabel="loss",
-               yscale="log")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
 def main(argv=None):
     p = parser(__doc__, PARTS, 200, "results/hop")
     p.add_argument("--base-time", type=float, default=0.04, help="emulated compute per step, s")
@@ -171,7 +152,7 @@ def main(argv=None):
         results[part], curves[part] = run_part(part, plan[part], args, progress)
     text = markdown(results, args)
     write_results(args, results, text)
-    plot(curves, os.path.join(args.out, "hop.png"))
+    plot_parts(curves, PARTS, os.path.join(args.out, "hop.png"), "mean worker test loss", yscale="log")
     print(text)
 
 

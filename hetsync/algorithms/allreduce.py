@@ -5,11 +5,12 @@ horovod_kwargs.NAMES, handed over unchanged; unset ones keep Horovod's defaults 
 benchmark that compares a mode against "allreduce" compares it against plain Horovod in the same run.
 """
 from hetsync.algorithms import horovod_kwargs, register
+from hetsync.algorithms._synchronous import IdleContribution
 from hetsync.algorithms.base import SyncAlgorithm
 
 
 @register
-class HorovodAllreduce(SyncAlgorithm):
+class HorovodAllreduce(IdleContribution, SyncAlgorithm):
     name = "allreduce"
     OPTIONS = {}
     HOROVOD_APPLIED = frozenset(horovod_kwargs.NAMES)
@@ -19,17 +20,14 @@ class HorovodAllreduce(SyncAlgorithm):
         import types
 
         import horovod.tensorflow.keras as hvd_keras
-        import tensorflow as tf
 
         wrapped = hvd_keras.DistributedOptimizer(optimizer, **self.horovod_kwargs)
         # This rank's weight in the gradient average: 1, or 0 while it is idle (it stopped early; its steps still
         # take part in the others' allreduce, as Horovod's join would make them).  g * 1.0 == g exactly, so an
         # active rank computes what hvd.DistributedOptimizer computes, bit for bit.  Patched on the instance:
         # Horovod's class calls super(self.__class__, self), which a subclass would turn into a recursion.
-        with tf.init_scope():
-            self.contribution = tf.Variable(1.0, trainable=False, name="hetsync_contribution")
+        contribution = self.make_contribution()
         inner = wrapped._allreduce
-        contribution = self.contribution
 
         def _allreduce(opt, grads, variables):
             return inner([_scaled(g, contribution) for g in grads], variables)
@@ -37,14 +35,6 @@ class HorovodAllreduce(SyncAlgorithm):
         wrapped._allreduce = types.MethodType(_allreduce, wrapped)
         return wrapped
 
-    def on_idle(self):
-        self.contribution.assign(0.0)
-
-    def idle_step(self, train_function, iterator):
-        return train_function(iterator)
-
-    def on_resume(self):
-        self.contribution.assign(1.0)
 
 
 def _scaled(grad, factor):

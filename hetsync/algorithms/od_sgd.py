@@ -33,6 +33,7 @@ Choices where the paper is silent (README, "OD-SGD"):
 import tensorflow as tf
 
 from hetsync.algorithms import horovod_kwargs, register
+from hetsync.algorithms._synchronous import IdleContribution
 from hetsync.algorithms._wrap import build_slots
 from hetsync.algorithms.base import SyncAlgorithm
 
@@ -44,7 +45,7 @@ def _number(value):
 
 
 @register
-class ODSGD(SyncAlgorithm):
+class ODSGD(IdleContribution, SyncAlgorithm):
     name = "od-sgd"
     OPTIONS = {"warmup_steps": 100, "local_updater": "sgd", "local_lr": None, "dc_lambda": 0.04,
                "mean_square_decay": 0.95, "timeout": None}
@@ -77,8 +78,8 @@ class ODSGD(SyncAlgorithm):
 
         _runtime.require_init("sync='od-sgd'")
         wrapped = hvd_keras.DistributedOptimizer(optimizer, **self.horovod_kwargs)
+        self.make_contribution()
         with tf.init_scope():
-            self.contribution = tf.Variable(1.0, trainable=False, name="hetsync_contribution")
             self.pending = tf.Variable(False, trainable=False, name="hetsync_od_pending")
             self.handle = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetsync_od_handle")
             self.last_times = tf.Variable(tf.zeros([4], tf.float64), trainable=False, name="hetsync_od_times")
@@ -247,15 +248,6 @@ class ODSGD(SyncAlgorithm):
 
     def on_consensus_begin(self):
         self.flush()
-
-    def on_idle(self):
-        self.contribution.assign(0.0)
-
-    def idle_step(self, train_function, iterator):
-        return train_function(iterator)
-
-    def on_resume(self):
-        self.contribution.assign(1.0)
 
     def metrics(self):
         """Global updates of the training stage; the last allreduce's engine times (started, data, done, waited);
