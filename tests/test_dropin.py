@@ -65,7 +65,7 @@ CASES = [(m, None) for m in MODES] + [("ripples-static", "5"), ("eager-majority"
                                                        for m, c in CASES])
 def test_ranks_stopping_on_their_own_clocks(mode, consensus, tmp_path):
     args = ["--sync", mode, "--slow-rank", 3, "--factor", 5, "--epochs", 4, "--steps-per-epoch", 24,
-            "--time-budget", "3,60,60,6", "--early-stop-rank", 1, "--uneven", "--allreduce-every", 7, "--refit",
+            "--time-budget", "3,600,600,6", "--early-stop-rank", 1, "--uneven", "--allreduce-every", 7, "--refit",
             "--summary-dir", tmp_path]
     if consensus:
         args += ["--consensus", consensus]
