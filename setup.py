@@ -44,6 +44,7 @@ setup(
     package_data={"hetsync": ["_lib/*.so", "coordinator/*.py"]},
     ext_modules=[Extension("hetsync._lib.hetsync_ops", sources=[])],
     cmdclass={"build_ext": BuildTfOps},
+    entry_points={"console_scripts": ["hetsync=hetsync.cli:main"]},
     python_requires=">=3.10",
     install_requires=["tensorflow-cpu==2.15.1", "horovod==0.28.1", "numpy<2", "grpcio==1.62.3"],
 )

@@ -74,7 +74,22 @@ def init(timeout=None, comm_cache_size=None, away_after=None):
     from hetsync import fit_hook
 
     fit_hook.install()
-    atexit.register(shutdown)
+    _at_exit(shutdown)
+
+
+def _at_exit(fn):
+    """Runs ``fn`` when the interpreter exits, before ``concurrent.futures`` shuts its thread pools down (threading's
+    exit hooks run before atexit's, last registered first): rank 0's coordinator server answers from such a pool,
+    and the other ranks' last calls (finishing with the Group Generator) need it.  Scripts rarely call
+    ``hetsync.shutdown()`` themselves, so this path is the usual one."""
+    import threading
+
+    register = getattr(threading, "_register_atexit", None)
+    if register is None:
+        atexit.register(fn)
+        return
+    register(fn)
+    atexit.register(fn)  # a no-op when the first one ran (shutdown is idempotent)
 
 
 def shutdown():

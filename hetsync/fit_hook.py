@@ -54,6 +54,12 @@ def last_rounds():
     return _STATE["last_rounds"]
 
 
+def position():
+    """Train-function calls of this process's hetsync fits so far (the job's step count: the same on every rank at
+    the same step; decentralized modes run it at different times)."""
+    return _STATE.get("position", 0)
+
+
 def install():
     """Wraps ``tf.keras.Model.fit`` (idempotent).  Models without a hetsync optimizer are not affected."""
     if _STATE["installed"]:
@@ -103,8 +109,21 @@ def _with_sync_points(original, model, args, kwargs, algorithm):
         longest = int(hvd.allreduce(tf.constant(own, tf.int64), op=hvd.Max, name=f"hetsync.fit.{_STATE['fits']}"))
         arguments["steps_per_epoch"] = longest
         head.own_steps = own
-    arguments["callbacks"] = [head] + user + [StopVote(head)]
+    arguments["callbacks"] = [head] + user + _report_for_tensorboard(user) + [StopVote(head)]
     return arguments
+
+
+def _report_for_tensorboard(user_callbacks):
+    """A user's TensorBoard callback gets hetsync's scalars beside its own (keras_callbacks.HeterogeneityReport
+    in its log_dir), unless the user added a HeterogeneityReport."""
+    import tensorflow as tf
+
+    from keras_callbacks.report import HeterogeneityReport
+
+    if any(isinstance(cb, HeterogeneityReport) for cb in user_callbacks):
+        return []
+    boards = [cb for cb in user_callbacks if isinstance(cb, tf.keras.callbacks.TensorBoard)]
+    return [HeterogeneityReport(boards[0].log_dir)] if boards else []
 
 
 def _consensus_options(user_callbacks, algorithm=None):
@@ -139,6 +158,19 @@ class SyncPoints(_callback_base()):
         self._padding = False       # idle for the rest of this epoch only (past own_steps)
         self._synced_this_epoch = False
         self._steps_since_sync = 0
+        self.family = None          # hetsync.switching.Family of the model's optimizer
+        self.switching = False      # this fit reports to the Switch Board (a SyncMode callback, or sync="auto")
+        self.verbose = True
+        self.hooks = []             # callbacks acting per local iteration (Slowdown, EmulatedCompute)
+        self.local_iterations = False
+        from hetsync.step_clock import StepClock
+
+        self.clock = StepClock()
+
+    @property
+    def position(self):
+        """Train-function calls of this process's hetsync fits so far (the same on every rank at each step)."""
+        return _STATE.get("position", 0)
 
     # -- the train function -------------------------------------------------------------------------------
     def _wrap_train_function(self):
@@ -148,6 +180,7 @@ class SyncPoints(_callback_base()):
 
         def train_function(iterator):
             self._batch += 1
+            _STATE["position"] = _STATE.get("position", 0) + 1
             if self.own_steps is not None and self._batch > self.own_steps and not self._padding:
                 self._padding = True
                 if not self.idle:
@@ -160,13 +193,19 @@ class SyncPoints(_callback_base()):
                     return {m.name: m.result() for m in model.metrics}
                 return logs
             ops.set_availability(ops.IN_STEP)
+            wall, began = time.time(), time.monotonic()
             try:
                 if self.local_iterations:  # ESync: one Keras step = one round of local iterations
                     logs = self.algorithm.run_step(fn, iterator)
                 else:
+                    for hook in self.hooks:  # an injected slowdown is compute: inside the step
+                        hook.on_local_iteration_begin()
                     logs = fn(iterator)
+                    for hook in self.hooks:
+                        hook.on_local_iteration_end()
             finally:
                 ops.set_availability(ops.BETWEEN)
+            self.clock.step(self.algorithm, wall, began, time.monotonic(), self.local_iterations)
             self._steps_since_sync += 1
             return logs
 
@@ -180,22 +219,105 @@ class SyncPoints(_callback_base()):
         self.idle = self._padding = False
         ops.pin_away(False)
         self._steps_since_sync = 0
-        self._wrap_train_function()
-        # Modes whose Keras step is several local iterations (ESync) drive per-iteration callbacks themselves
-        # (keras_callbacks.Slowdown / EmulatedCompute: on_local_iteration_begin/_end).
-        self.local_iterations = bool(getattr(self.algorithm, "LOCAL_ITERATIONS", False))
-        hooks = [cb for cb in self.user_callbacks if hasattr(cb, "on_local_iteration_begin")]
-        for cb in hooks:
-            cb.per_local_iteration = self.local_iterations
-        if self.local_iterations:
-            self.algorithm.attach(self.model, hooks)
+        # Per-iteration callbacks (keras_callbacks.Slowdown / EmulatedCompute) run inside the step: the wrapper
+        # calls them, or, in modes whose Keras step is several local iterations (ESync), the mode does.
+        self.hooks = [cb for cb in self.user_callbacks if hasattr(cb, "on_local_iteration_begin")]
+        for cb in self.hooks:
+            cb.per_local_iteration = True
+        self.model._hetsync_sync_points = self
+        self.adopt(self.algorithm)
+        self._start_switching()
         ops.set_availability(ops.BETWEEN)
+
+    def adopt(self, algorithm):
+        """Makes ``algorithm`` the one this fit runs (at the start, and after each live switch)."""
+        self.algorithm = algorithm
+        self.every, self.at_end = _consensus_options(self.user_callbacks, algorithm)
+        self.local_iterations = bool(getattr(algorithm, "LOCAL_ITERATIONS", False))
+        if self.local_iterations:
+            algorithm.attach(self.model, self.hooks)
+        self._wrap_train_function()
+
+    def _start_switching(self):
+        """Live switches need every rank to report after every step: all ranks or none (checked here, once per
+        fit, with one small Horovod allreduce), else a switch would wait forever for a rank that never hears of
+        it."""
+        import tensorflow as tf
+
+        from keras_callbacks.sync_mode import SyncMode
+
+        self.family = getattr(self.model.optimizer, "_hetsync_family", None)
+        modes = [cb for cb in self.user_callbacks if isinstance(cb, SyncMode)]
+        for cb in modes:
+            cb._bind(self)
+        self.verbose = all(cb.verbose for cb in modes)
+        wanted = self.family is not None and (bool(modes) or self.family.auto is not None)
+        hvd = _hvd()
+        _STATE["switch_checks"] = _STATE.get("switch_checks", 0) + 1
+        flags = hvd.allgather(tf.constant([1 if wanted else 0], tf.int32),
+                              name=f"hetsync.switching.{_STATE['switch_checks']}").numpy().tolist()
+        if len(set(flags)) > 1:
+            raise ValueError(f"ranks {[r for r, f in enumerate(flags) if f]} have a keras_callbacks.SyncMode "
+                             f"callback (or sync='auto') and ranks {[r for r, f in enumerate(flags) if not f]} do "
+                             "not: pass the same callbacks on every rank, as for Horovod's callbacks")
+        self.switching = wanted
+        if wanted:
+            from hetsync import _runtime
+
+            self.board = _runtime.services().switch_client()
+
+    # -- live switches --------------------------------------------------------------------------------------
+    def _report(self):
+        """After every step: tell the Switch Board where this rank is; carry out its decision at its step."""
+        family = self.family
+        mode, options = family.current
+        samples = self.clock.take_samples() if family.auto is not None else ()
+        d = self.board.report(self.position, family.applied, mode, options, samples)
+        if d.id and d.id > family.applied:
+            family.pending = d
+        d = family.pending
+        if d is None:
+            return
+        if self.position > d.at:
+            raise RuntimeError(f"hetsync: rank {_hvd().rank()} is at step {self.position}, past switch {d.id}'s "
+                               f"step {d.at} (Switch Board protocol broken)")
+        if self.position == d.at:
+            import json
+
+            self.switch_to(d.mode, json.loads(d.options_json), d.reason, d.id)
+            family.applied, family.pending = d.id, None
+            # Every rank passed the switch's consensus round: say so now, so the board takes the next request.
+            self.board.report(self.position, family.applied, d.mode, d.options_json)
+
+    def switch_to(self, mode, options, reason, decision_id=None):
+        """Collective: every rank calls it at the same point (hetsync/switching.py)."""
+        from hetsync import switching
+
+        began = time.monotonic()
+        record = switching.perform(self, mode, options, reason, decision_id)
+        self.clock.sync(time.monotonic() - began)
+        return record
+
+    def _scheduled(self, epoch):
+        """A SyncMode schedule's entry for ``epoch`` (every rank has the same schedule: no negotiation)."""
+        from keras_callbacks.sync_mode import SyncMode
+
+        for cb in self.user_callbacks:
+            if isinstance(cb, SyncMode) and epoch in cb.schedule:
+                return cb.schedule[epoch]
+        return None
 
     def on_epoch_begin(self, epoch, logs=None):
         from hetsync import ops
 
         self._synced_this_epoch = False
         self._batch = 0
+        target = self._scheduled(epoch) if self.family is not None else None
+        if target is not None:
+            from hetsync.switching import key_of
+
+            if key_of(*target) != self.family.current:
+                self.switch_to(target[0], target[1], f"schedule: epoch {epoch}")
         if hasattr(self.algorithm, "on_epoch_begin"):
             self.algorithm.on_epoch_begin()
         if self._padding:
@@ -208,6 +330,8 @@ class SyncPoints(_callback_base()):
     def on_train_batch_end(self, batch, logs=None):
         if isinstance(self.every, int) and (batch + 1) % self.every == 0:
             self.sync_point(mid_epoch=True)
+        if self.switching:
+            self._report()
 
     def on_test_begin(self, logs=None):
         if getattr(self.model, "_hetsync_in_fit", False) and not self._synced_this_epoch:
@@ -255,6 +379,7 @@ class SyncPoints(_callback_base()):
         from hetsync import ops
         from hetsync.consensus import sync_point
 
+        began = time.monotonic()
         ops.set_availability(ops.AWAY)
         weight = 1.0 if self._steps_since_sync > 0 else 0.0
         # Epoch ends average unless Consensus(every=None); the end round only then (every epoch end already did).
@@ -265,6 +390,7 @@ class SyncPoints(_callback_base()):
                    name=f"hetsync.sync.{self.rounds}")
         self.rounds += 1
         self._steps_since_sync = 0
+        self.clock.sync(time.monotonic() - began)
         if not out:
             ops.set_availability(ops.BETWEEN)
 

@@ -1,5 +1,8 @@
 """``hetsync.DistributedOptimizer``: the one line a Horovod Keras script changes."""
-from hetsync import algorithms
+from hetsync.algorithms import horovod_kwargs
+
+AUTO_OPTIONS = ("candidates", "window", "min_interval", "settle", "min_samples", "straggler_ratio",
+                "straggler_exit", "random_fraction", "random_exit", "slow_sample_ratio")
 
 
 def DistributedOptimizer(optimizer, sync="allreduce", **options):  # noqa: N802 (Horovod's name)
@@ -7,18 +10,49 @@ def DistributedOptimizer(optimizer, sync="allreduce", **options):  # noqa: N802 
 
     Args:
       optimizer: any Keras optimizer (``tf.keras.optimizers.*``, new or legacy).
-      sync: a registered mode; ``hetsync.available_modes()`` lists them.  ``"allreduce"`` is Horovod's own
-        DistributedOptimizer (the baseline).
-      **options: the mode's options (see README); unknown ones raise ValueError listing the valid ones.
+      sync: a registered mode (``hetsync.available_modes()`` lists them; ``"allreduce"`` is Horovod's own
+        DistributedOptimizer, the baseline), or ``"auto"``: hetsync measures the workers' speeds and switches
+        between ``candidates`` as the job's heterogeneity changes (README "sync='auto'").
+      **options: the mode's options (see README); unknown ones raise ValueError listing the valid ones.  With
+        ``sync="auto"``: ``candidates`` ({"homogeneous"|"straggler"|"random": mode or (mode, options)}),
+        ``window`` (seconds of samples the policy looks at), ``min_interval`` (seconds between switches) and the
+        policy's thresholds.  Horovod's DistributedOptimizer keywords are accepted by every mode and kept across
+        live switches.
 
     Returns:
       A Keras optimizer to pass to ``model.compile``; its ``_hetsync_algorithm`` is the SyncAlgorithm in use.
+      After a live switch (keras_callbacks.SyncMode, or auto) ``model.optimizer`` is the mode's optimizer in force,
+      holding the same state.
     """
     from hetsync import fit_hook
+    from hetsync.switching import Family
 
     fit_hook.install()  # epoch-end sync points and finished ranks, for every mode (hetsync/fit_hook.py)
-    algorithm = algorithms.create(sync, **options)
-    wrapped = algorithm.wrap(optimizer)
-    if getattr(wrapped, "_hetsync_algorithm", None) is None:
-        wrapped._hetsync_algorithm = algorithm
-    return wrapped
+    hvd_kwargs = {k: v for k, v in options.items() if k in horovod_kwargs.NAMES}
+    mode_options = {k: v for k, v in options.items() if k not in horovod_kwargs.NAMES}
+    if sync != "auto":
+        return Family(optimizer, hvd_kwargs).start(sync, mode_options)
+    return _auto(optimizer, hvd_kwargs, mode_options)
+
+
+def _auto(optimizer, hvd_kwargs, options):
+    from hetsync import _runtime
+    from hetsync.coordinator.auto_policy import AutoPolicy
+    from hetsync.switching import Family
+
+    unknown = sorted(set(options) - set(AUTO_OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown} for sync='auto'; valid options: {', '.join(AUTO_OPTIONS)}; "
+                         "and Horovod DistributedOptimizer keyword arguments")
+    _runtime.require_init("sync='auto'")
+    services = _runtime.services()
+    policy = AutoPolicy(services.size, **options)  # checks the settings and candidates here, on every rank
+    family = Family(optimizer, hvd_kwargs, auto=dict(options))
+    for mode, mode_options in policy.candidates.values():
+        family.validate(mode, mode_options)
+    if services.rank == 0:
+        settings = dict(options)
+        settings["candidates"] = {c: [m, o] for c, (m, o) in policy.candidates.items()}
+        services.switch_client().configure(settings)
+    mode, mode_options = policy.candidates["homogeneous"]
+    return family.start(mode, mode_options)

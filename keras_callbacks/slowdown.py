@@ -155,3 +155,56 @@ class EmulatedCompute(tf.keras.callbacks.Callback):
         if self.seconds:
             _in_step()
             time.sleep(self.seconds)
+
+
+class PhasedSlowdown(tf.keras.callbacks.Callback):
+    """A heterogeneity that changes during the job: ``phases`` = [(steps, Slowdown or None), ...].
+
+    Phase i lasts ``steps`` Keras steps of the job (hetsync's step count, the same on every rank; the last phase
+    lasts to the end); None is a homogeneous phase.  Each Slowdown keeps its own RNG and step count.
+    ``phase_at(step)`` says which phase a step is in (benchmarks time each phase).
+    """
+
+    def __init__(self, phases):
+        super().__init__()
+        if not phases:
+            raise ValueError("phases must be a non-empty list of (steps, Slowdown or None)")
+        for steps, slowdown in phases:
+            if not isinstance(steps, int) or steps < 1 or not (slowdown is None or isinstance(slowdown, Slowdown)):
+                raise ValueError(f"each phase is (steps >= 1, Slowdown or None), got {(steps, slowdown)!r}")
+        self.phases = list(phases)
+        self.per_local_iteration = False
+        self._active = None
+        self.slept = 0.0
+
+    def phase_at(self, step):
+        end = 0
+        for i, (steps, _) in enumerate(self.phases):
+            end += steps
+            if step < end:
+                return i
+        return len(self.phases) - 1
+
+    def _current(self):
+        from hetsync import fit_hook
+
+        return self.phases[self.phase_at(fit_hook.position())][1]
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if not self.per_local_iteration:
+            self.on_local_iteration_begin()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self.per_local_iteration:
+            self.on_local_iteration_end()
+
+    def on_local_iteration_begin(self):
+        self._active = self._current()
+        if self._active is not None:
+            before = self._active.slept
+            self._active.on_local_iteration_begin()
+            self.slept += self._active.slept - before
+
+    def on_local_iteration_end(self):
+        if self._active is not None:
+            self._active.on_local_iteration_end()

@@ -96,6 +96,9 @@ def wrap_post_update(optimizer, algorithm):
 
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         grads_and_vars = list(grads_and_vars)
+        if hasattr(self._hetsync_algorithm, "mark_compute_done"):
+            stamped = self._hetsync_algorithm.mark_compute_done([g for g, _ in grads_and_vars])
+            grads_and_vars = list(zip(stamped, [v for _, v in grads_and_vars]))
         if sparse_as_dense:
             grads_and_vars = _densify(grads_and_vars)
         if passes == 1:

@@ -29,7 +29,10 @@ class HorovodAllreduce(IdleContribution, SyncAlgorithm):
         contribution = self.make_contribution()
         inner = wrapped._allreduce
 
+        algorithm = self
+
         def _allreduce(opt, grads, variables):
+            grads = algorithm.mark_compute_done(list(grads))
             return inner([_scaled(g, contribution) for g in grads], variables)
 
         wrapped._allreduce = types.MethodType(_allreduce, wrapped)

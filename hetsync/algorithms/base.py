@@ -89,6 +89,36 @@ class SyncAlgorithm:
     def on_consensus_end(self, finished):
         """Called after the global average; ``finished`` is True on a worker whose training has ended."""
 
+    def activate(self):
+        """A live switch enters this mode again (hetsync/switching.py, collective): re-install what the mode keeps
+        outside this process (a coordinator service's state).  Called after the switch's consensus round, before
+        ``on_consensus_end``.  The first entry is ``wrap`` itself, which needs nothing more."""
+
+    def deactivate(self):
+        """A live switch leaves this mode (after ``on_consensus_begin``): drop state that must not outlive it."""
+
+    def mark_compute_done(self, tensors):
+        """Graph code: records when this step's gradients were ready (``tf.timestamp``), so the step's compute time
+        excludes the waits of the exchange that follows (sync="auto", the heterogeneity report).  Returns
+        ``tensors`` (dense ones through ``tf.identity``) ordered after the stamp; call it where the gradients enter
+        the mode's exchange."""
+        import tensorflow as tf
+
+        if getattr(self, "_compute_stamp", None) is None:
+            with tf.init_scope():
+                self._compute_stamp = tf.Variable(0.0, dtype=tf.float64, trainable=False,
+                                                  name="hetsync_compute_done")
+        dense = [t for t in tensors if isinstance(t, tf.Tensor)]
+        with tf.control_dependencies(dense):
+            stamped = self._compute_stamp.assign(tf.timestamp())
+        with tf.control_dependencies([stamped]):
+            return [tf.identity(t) if isinstance(t, tf.Tensor) else t for t in tensors]
+
+    def compute_done_time(self):
+        """``time.time()`` when the last step's gradients were ready (0.0: the mode does not stamp)."""
+        stamp = getattr(self, "_compute_stamp", None)
+        return float(stamp.numpy()) if stamp is not None else 0.0
+
     def metrics(self):
         """Method-specific counters for reports (dict of numbers)."""
         return {}

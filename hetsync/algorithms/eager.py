@@ -94,6 +94,14 @@ class EagerSGD(SyncAlgorithm):
             self._last_nap = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetsync_eager_last_nap")
         return wrap_post_update(optimizer, self)
 
+    def deactivate(self):
+        """A live switch leaves eager-SGD: gradients no round took and results not yet returned predate the
+        switch's consensus average (which already holds them); drop them so a later return here starts clean."""
+        from hetsync import ops
+
+        for wire in ("float32", "float64"):
+            ops.partial_discard(f"{self.collective}.{wire}")
+
     def before_update(self, grads, variables):
         """The gradient exchange of one step: one partial allreduce per dtype (float32 for half precisions)."""
         from hetsync import ops

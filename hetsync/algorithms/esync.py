@@ -100,6 +100,7 @@ class ESync(SyncAlgorithm):
         self._aggregate_fn, self._globals = None, None
         self.steps_per_round, self.blocking_s = [], []
         self._iteration_s = [0.0, 0]  # sum and count of local iteration times (mean capability)
+        self._last_round = (0, 0.0)
         return wrap_post_update(optimizer, self)
 
     def _build(self, model):
@@ -123,6 +124,7 @@ class ESync(SyncAlgorithm):
             self._start_fit()
         logs, k = None, 0
         future, asked_at = None, None
+        spent_before = self._iteration_s[0]
         while not self._exhausted:
             if k > 0:
                 if self.options["non_blocking"]:
@@ -149,6 +151,7 @@ class ESync(SyncAlgorithm):
             self._c = self._t_e - began + (self._rtt if self.options["non_blocking"] else 0.0)
             k += 1
         self.steps_per_round.append(k)
+        self._last_round = (k, self._iteration_s[0] - spent_before)
         self._finish_round(active=1.0)
         return logs if logs is not None else self._metric_logs()
 
@@ -260,6 +263,22 @@ class ESync(SyncAlgorithm):
         if self._globals is not None:
             for w, v in zip(self._globals, self._trainable):
                 w.assign(v)
+
+    def activate(self):
+        """A live switch comes back to ESync: a fresh State Server, and the next step starts a new fit's rounds."""
+        from hetsync import _runtime
+
+        _runtime.services().install_state_server(float(self.options["epsilon"]))
+        self._round, self._slowest_last = 0, -1
+        self._fresh, self._exhausted = True, False
+
+    def deactivate(self):
+        """A live switch leaves ESync: the State Server must not wait for this worker any more."""
+        self.client.away()
+
+    def last_round_timing(self):
+        """(local iterations, their compute seconds) of the last round, for sync="auto" and reports."""
+        return self._last_round
 
     def on_idle(self):
         self._idle = True

@@ -94,6 +94,7 @@ class ODSGD(IdleContribution, SyncAlgorithm):
         algo = self
 
         def _allreduce(opt, grads, variables):
+            grads = algo.mark_compute_done(list(grads))
             scaled = [None if g is None else tf.convert_to_tensor(g) * tf.cast(algo.contribution, g.dtype)
                       for g in grads]
             idx = [i for i, g in enumerate(scaled) if g is not None]

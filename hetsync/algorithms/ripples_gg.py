@@ -57,6 +57,7 @@ class GroupGeneratorAlgorithm(DecentralizedAlgorithm):
             gen_options["ack_timeout"] = _runtime.timeout()
         wire = "fp16" if "fp16" in getattr(self.compression, "__name__", "").lower() else "none"
         self.services.configure(self.GG_MODE, gen_options, worker_options={"compression": wire})
+        self._gen_options, self._wire = gen_options, wire
         self.client = self.services.client()
         self.services.owed_p_reduce = self._p_reduce_group
         self._variables = None
@@ -145,6 +146,11 @@ class GroupGeneratorAlgorithm(DecentralizedAlgorithm):
                                 compression=self.compression)
         for var, value in zip(self._variables, averaged):
             var.assign(value)
+
+    def activate(self):
+        """A live switch comes back to this mode: the Group Generator may serve another configuration now."""
+        self.services.configure(self.GG_MODE, self._gen_options, worker_options={"compression": self._wire})
+        self.services.owed_p_reduce = self._p_reduce_group
 
     def _leave_gg(self):
         self.client.finish_and_drain(self._p_reduce_group)

@@ -261,6 +261,10 @@ class GGServer:
 
         self.state_server = None
         pb2_grpc.add_StateServerServicer_to_server(StateServicer(self), self._server)
+        # The Switch Board (live mode switches, sync="auto") too: switch_service.py.
+        from .switch_service import SwitchServicer
+
+        pb2_grpc.add_SwitchBoardServicer_to_server(SwitchServicer(self, generator.size), self._server)
         try:
             bound = self._server.add_insecure_port(format_address(host, port))
         except RuntimeError as exc:

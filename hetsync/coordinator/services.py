@@ -123,6 +123,14 @@ class JobServices:
 
         return StateServerClient(self.address, self.secret, self.rank, timeout=self.timeout)
 
+    def switch_client(self):
+        """This rank's Switch Board client (connected on first use; live switches and sync="auto")."""
+        if getattr(self, "_switch", None) is None:
+            from hetsync.coordinator.switch_service import SwitchClient
+
+            self._switch = SwitchClient(self.address, self.secret, self.rank, timeout=self.timeout)
+        return self._switch
+
     def stop(self):
         """Tells the GG this worker is done (running the groups it still owes); rank 0 then
         waits until every worker is done, at most ``timeout`` seconds, and stops the server."""

@@ -1,0 +1,139 @@
+"""``sync="auto"``'s policy: classify the job from its workers' compute times and name the mode for the class.
+
+A plain state machine (no clock of its own, no gRPC): the Switch Board (switchboard.py) feeds it every rank's
+samples and asks it after each report; tests/test_auto_policy.py checks it alone with hypothesis.
+
+**Samples.**  One per step and rank: seconds of *compute* per iteration -- from the start of the rank's step to
+the moment its gradients were ready (fit_hook.StepClock), so time spent waiting for peers, in hetsync's
+collectives or Horovod's, is not in it.  An injected Slowdown runs inside the step, as a slower GPU would.  In
+ESync one sample is a round's mean local iteration.
+
+**Classes** (README "sync='auto'"), over the samples of the last ``window`` seconds, every rank having at least
+``min_samples``:
+
+* m_r = the median sample of rank r; *typical* = the median of the m_r (the usual worker's iteration).
+* **straggler**: some rank has m_r >= ``straggler_ratio`` x typical (1.5): it is slow most of the time.
+* **random**: no straggler, but at least ``random_fraction`` (6%) of all samples are >= ``slow_sample_ratio`` x
+  typical (2.5): slowdowns come and go, on any rank.
+* **homogeneous**: neither.
+
+**Hysteresis**: the class in force is left only when its own test fails by a margin -- a straggler stays one while
+m_r >= ``straggler_exit`` x typical (1.25), random stays while the slow fraction >= ``random_exit`` (3%) -- and a new
+class must be seen in every evaluation for ``settle`` seconds (2) before it is acted on; switches are at least
+``min_interval`` seconds apart (10).  Evaluations run at most every 0.25 s.
+
+**Modes** (``candidates``): homogeneous -> "allreduce" (nothing to hide, nothing beats Horovod), straggler ->
+"esync" (fast workers do useful local steps while the slow one computes: 3.2x faster to target at 1:1:1:5 in
+bench_esync_od), random -> "eager-solo" (nobody waits for a late gradient; it is applied next step).  Each value is
+a mode name or ``(mode, options)``.
+"""
+import statistics
+
+CLASSES = ("homogeneous", "straggler", "random")
+DEFAULT_CANDIDATES = {"homogeneous": "allreduce", "straggler": "esync", "random": "eager-solo"}
+DEFAULTS = {"window": 10.0, "min_interval": 10.0, "settle": 2.0, "min_samples": 5, "straggler_ratio": 1.5,
+            "straggler_exit": 1.25, "random_fraction": 0.06, "random_exit": 0.03, "slow_sample_ratio": 2.5}
+EVALUATE_EVERY_S = 0.25
+
+
+def normalize_candidates(candidates):
+    """{class: (mode, options dict)} from the user's mapping; ValueError names what is wrong."""
+    merged = dict(DEFAULT_CANDIDATES)
+    if candidates is not None:
+        if not isinstance(candidates, dict):
+            raise ValueError(f"candidates must be a dict {{class: mode}} with classes {CLASSES}, got {candidates!r}")
+        unknown = sorted(set(candidates) - set(CLASSES))
+        if unknown:
+            raise ValueError(f"unknown class(es) {unknown} in candidates; valid: {', '.join(CLASSES)}")
+        merged.update(candidates)
+    out = {}
+    for cls, value in merged.items():
+        mode, options = (value, {}) if isinstance(value, str) else tuple(value)
+        if not isinstance(mode, str) or not isinstance(options, dict):
+            raise ValueError(f"candidates[{cls!r}] must be a mode name or (mode, options dict), got {value!r}")
+        out[cls] = (mode, dict(options))
+    return out
+
+
+class AutoPolicy:
+    """Classifies the job and proposes the candidate mode of its class (see the module docstring)."""
+
+    def __init__(self, size, candidates=None, **settings):
+        unknown = sorted(set(settings) - set(DEFAULTS))
+        if unknown:
+            raise ValueError(f"unknown auto setting(s) {unknown}; valid: {', '.join(sorted(DEFAULTS))}")
+        self.size = int(size)
+        self.candidates = normalize_candidates(candidates)
+        self.s = {**DEFAULTS, **settings}
+        if not self.s["window"] > 0 or self.s["min_interval"] < 0 or self.s["settle"] < 0:
+            raise ValueError("window must be > 0 s; min_interval and settle must be >= 0 s")
+        self.samples = [[] for _ in range(self.size)]   # per rank: (time, compute seconds per iteration)
+        self.state = None          # the class in force (None until the first switch or the first stable class)
+        self.seen = None           # (class, since): the class every evaluation has returned since ``since``
+        self.last_switch = None    # time of the last switch
+        self.last_evaluation = None
+        self.last = None           # (class, evidence) of the last evaluation, for reports
+
+    def add(self, rank, t, compute_s):
+        if 0 <= rank < self.size and compute_s >= 0:
+            self.samples[rank].append((float(t), float(compute_s)))
+
+    def _trim(self, now):
+        horizon = now - self.s["window"]
+        for rank, xs in enumerate(self.samples):
+            if xs and xs[0][0] < horizon:
+                self.samples[rank] = [p for p in xs if p[0] >= horizon]
+
+    def classify(self, now):
+        """(class or None, evidence text) from the samples of the last window."""
+        self._trim(now)
+        counts = [len(xs) for xs in self.samples]
+        if min(counts) < self.s["min_samples"]:
+            return None, f"too few samples (per rank {counts}, need {self.s['min_samples']})"
+        medians = [statistics.median(c for _, c in xs) for xs in self.samples]
+        typical = statistics.median(medians)
+        if typical <= 0:
+            return None, "no compute time measured"
+        ratio = self.s["straggler_exit"] if self.state == "straggler" else self.s["straggler_ratio"]
+        slow = [r for r, m in enumerate(medians) if m >= ratio * typical]
+        if slow:
+            parts = ", ".join(f"rank {r} {medians[r] * 1e3:.1f} ms ({medians[r] / typical:.1f}x)" for r in slow)
+            return "straggler", f"median iteration {parts} vs typical {typical * 1e3:.1f} ms"
+        threshold = self.s["slow_sample_ratio"] * typical
+        pooled = [c for xs in self.samples for _, c in xs]
+        fraction = sum(c >= threshold for c in pooled) / len(pooled)
+        needed = self.s["random_exit"] if self.state == "random" else self.s["random_fraction"]
+        detail = (f"{fraction:.0%} of {len(pooled)} iterations >= {self.s['slow_sample_ratio']:g}x typical "
+                  f"{typical * 1e3:.1f} ms; slowest rank median {max(medians) / typical:.2f}x")
+        return ("random" if fraction >= needed else "homogeneous"), detail
+
+    def evaluate(self, now, current_mode):
+        """None, or (mode, options, evidence) to switch to."""
+        if self.last_evaluation is not None and now - self.last_evaluation < EVALUATE_EVERY_S:
+            return None
+        self.last_evaluation = now
+        cls, evidence = self.classify(now)
+        self.last = (cls, evidence)
+        if cls is None:
+            self.seen = None
+            return None
+        if self.seen is None or self.seen[0] != cls:
+            self.seen = (cls, now)
+        if now - self.seen[1] < self.s["settle"]:
+            return None
+        mode, options = self.candidates[cls]
+        if mode == current_mode:
+            self.state = cls
+            return None
+        if self.last_switch is not None and now - self.last_switch < self.s["min_interval"]:
+            return None
+        self.state = cls
+        return mode, options, f"{cls}: {evidence}"
+
+    def switched(self, mode, t):
+        """The board carried out a switch (by the policy or a user) decided at time ``t``."""
+        self.last_switch = t
+        for cls, (m, _) in self.candidates.items():
+            if m == mode:
+                self.state = cls
+                break

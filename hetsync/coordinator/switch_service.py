@@ -1,0 +1,97 @@
+"""The Switch Board over gRPC: the servicer rank 0's coordinator server hosts beside the Group Generator and the
+State Server (same port, same job secret, loopback on one host), and the client every rank uses.
+
+The decisions are :class:`hetsync.coordinator.switchboard.SwitchBoard`'s; this module moves them over the wire,
+under one lock.  Report times are the workers' ``time.monotonic()`` (one host, one clock).
+"""
+import hmac
+import json
+import threading
+import time
+
+import grpc
+
+from . import _proto
+from .auto_policy import AutoPolicy
+from .switchboard import SwitchBoard
+
+pb2, pb2_grpc = _proto.load()
+
+
+class SwitchServicer(pb2_grpc.SwitchBoardServicer):
+    """Serves ``owner.switchboard`` (owner: the GGServer; the board is created with the server)."""
+
+    def __init__(self, owner, size, clock=time.monotonic):
+        self._o, self._clock = owner, clock
+        self._lock = threading.Lock()
+        owner.switchboard = SwitchBoard(size)
+
+    def _call(self, request, context, fn):
+        if not request.secret or not hmac.compare_digest(request.secret.encode(), self._o.secret.encode()):
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, "missing or wrong job secret")
+        with self._lock:
+            try:
+                return fn(self._o.switchboard)
+            except (ValueError, RuntimeError) as exc:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+    def SwitchRequest(self, request, context):
+        def ask(board):
+            status = board.request(request.worker, request.mode, request.options_json)
+            d = board.decision
+            return pb2.SwitchRequestReply(status=status, pending_id=d.id if d else 0,
+                                          pending_mode=d.mode if d else (board.pending[1] if board.pending else ""))
+
+        return self._call(request, context, ask)
+
+    def SwitchReport(self, request, context):
+        def report(board):
+            samples = list(zip(request.sample_time, request.sample_compute_s))
+            d = board.report(request.worker, request.position, request.applied, request.mode or None,
+                             request.options_json or "{}", samples, self._clock())
+            if d is None:
+                return pb2.SwitchDecision(id=0)
+            return pb2.SwitchDecision(id=d.id, mode=d.mode, options_json=d.options, at=d.at, by=d.by,
+                                      reason=d.reason)
+
+        return self._call(request, context, report)
+
+    def SwitchConfigure(self, request, context):
+        def configure(board):
+            if not request.policy_json:
+                board.policy = None
+            else:
+                cfg = json.loads(request.policy_json)
+                board.policy = AutoPolicy(board.size, cfg.pop("candidates", None), **cfg)
+            return pb2.StateAck()
+
+        return self._call(request, context, configure)
+
+
+class SwitchClient:
+    """One rank's connection to the Switch Board; every call has ``timeout`` seconds."""
+
+    def __init__(self, address, secret, worker, timeout=30.0):
+        self.worker, self.secret, self.timeout = int(worker), secret, float(timeout)
+        self._channel = grpc.insecure_channel(address)
+        self._stub = pb2_grpc.SwitchBoardStub(self._channel)
+
+    def request(self, mode, options_json):
+        reply = self._stub.SwitchRequest(pb2.SwitchRequestMsg(secret=self.secret, worker=self.worker, mode=mode,
+                                                              options_json=options_json), timeout=self.timeout)
+        return reply.status, reply.pending_mode
+
+    def report(self, position, applied, mode, options_json, samples=()):
+        """The decision this rank has yet to carry out (a SwitchDecision; ``id == 0``: none)."""
+        return self._stub.SwitchReport(pb2.SwitchReportMsg(
+            secret=self.secret, worker=self.worker, position=int(position), applied=int(applied), mode=mode,
+            options_json=options_json, sample_time=[t for t, _ in samples],
+            sample_compute_s=[c for _, c in samples]), timeout=self.timeout)
+
+    def configure(self, policy):
+        """Installs ``sync="auto"``'s policy (a dict: candidates and settings; None removes it)."""
+        self._stub.SwitchConfigure(pb2.SwitchConfigureMsg(
+            secret=self.secret, policy_json=json.dumps(policy) if policy is not None else ""), timeout=self.timeout)
+
+    def close(self):
+        self._channel.close()

@@ -1,0 +1,62 @@
+"""Where a rank's time goes, step by step: compute, waiting in hetsync, sync points (sync="auto" and the report).
+
+fit_hook.SyncPoints times every train step.  *Compute* is from the step's start (an injected Slowdown included: it
+runs inside the step, as a slower GPU would) to the moment the gradients were ready, which the mode stamps in its
+graph (SyncAlgorithm.mark_compute_done) just before its exchange; ESync reports its round's local iterations
+itself.  The rest of the step is *waiting in hetsync* (the exchange: Horovod's allreduce, a P-Reduce, a queue
+Recv...), and so is the time in sync points and switches.  A mode that does not stamp counts its whole step as
+compute.
+"""
+import time
+
+
+class StepClock:
+    """Per-rank accumulators since the last ``take()``, and the samples the Switch Board has not had yet."""
+
+    def __init__(self):
+        self.samples = []       # (time.monotonic(), compute seconds per iteration)
+        self._reset()
+        self.total_steps = 0
+
+    def _reset(self):
+        self.since = time.monotonic()
+        self.steps = self.iterations = 0
+        self.compute_s = self.step_s = self.sync_s = 0.0
+
+    def step(self, algorithm, wall_start, mono_start, mono_end, local_iterations):
+        """One train step that ran ``[mono_start, mono_end]`` (``wall_start``: the same instant, time.time())."""
+        elapsed = mono_end - mono_start
+        if local_iterations and hasattr(algorithm, "last_round_timing"):
+            iterations, compute = algorithm.last_round_timing()
+        else:
+            iterations, done = 1, algorithm.compute_done_time()
+            compute = done - wall_start if wall_start < done <= wall_start + elapsed + 1e-3 else elapsed
+        compute = min(max(compute, 0.0), elapsed)
+        self.steps += 1
+        self.total_steps += 1
+        self.iterations += iterations
+        self.compute_s += compute
+        self.step_s += elapsed
+        if iterations:
+            self.samples.append((mono_end, compute / iterations))
+            del self.samples[:-64]
+
+    def sync(self, seconds):
+        """Time in a sync point or a switch (waiting for the others there, averaging)."""
+        self.sync_s += seconds
+
+    def take_samples(self):
+        out, self.samples = self.samples, []
+        return out
+
+    def take(self):
+        """The accumulators since the last take (a dict), then starts over."""
+        now = time.monotonic()
+        wall = max(now - self.since, 1e-9)
+        out = {"interval_s": wall, "steps": self.steps, "iterations": self.iterations,
+               "compute_s": self.compute_s, "step_s": self.step_s, "sync_s": self.sync_s,
+               "rate": self.iterations / wall,
+               "compute_rate": self.iterations / self.compute_s if self.compute_s > 0 else 0.0,
+               "wait_s": max(self.step_s - self.compute_s, 0.0) + self.sync_s}
+        self._reset()
+        return out

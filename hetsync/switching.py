@@ -1,0 +1,189 @@
+"""Live sync-mode switches (README "Switching"): any registered mode to any other, inside ``Model.fit``.
+
+``hetsync.DistributedOptimizer`` returns the optimizer of a :class:`Family`: the user's optimizer as the first
+mode wraps it, and the recipe to wrap it in any other mode.  A switch happens at a step boundary every rank agrees
+on (a schedule's epoch, or the step the Switch Board negotiated, hetsync/coordinator/switchboard.py) and is, on
+every rank at the same point (:func:`perform`):
+
+1. leave the old mode: its consensus hooks (withdraw from P-Reduce and queues, leave the Group Generator, complete
+   OD-SGD's outstanding allreduce), then ``deactivate`` (e.g. eager-SGD drops stale partial-allreduce buffers); the
+   engine's session ends on every rank (``ops.withdraw``);
+2. one consensus round: the models are averaged with Horovod (weight 0 for a rank idle since the last sync point);
+3. the new mode: wrapped the first time it is used (its set-up collectives: the Group Generator's configuration, the
+   State Server), else taken from the family's cache with its compiled train step; ``activate`` re-installs its
+   coordinator state;
+4. the user's optimizer state moves over: ``iterations``, every slot and the learning rate (a variable a Horovod
+   callback may have changed) are copied into the new mode's optimizer, which becomes ``model.optimizer``;
+5. a new engine session starts (``ops.rejoin`` on every rank, exactly once) and the new mode goes on.
+
+Keras' compiled step is traced once per (mode, options) the job uses: switching back reuses it.
+"""
+import json
+import sys
+import time
+
+import tensorflow as tf
+
+from hetsync import algorithms
+
+
+def _hvd():
+    import horovod.tensorflow as hvd
+
+    return hvd
+
+
+def key_of(mode, options):
+    return mode, json.dumps(options or {}, sort_keys=True)
+
+
+def parse_target(value):
+    """A schedule or request value: "mode" or ("mode", {options}) -> (mode, options dict)."""
+    if isinstance(value, str):
+        return value, {}
+    if isinstance(value, (tuple, list)) and len(value) == 2 and isinstance(value[0], str) \
+            and isinstance(value[1], dict):
+        return value[0], dict(value[1])
+    raise ValueError(f"a sync mode is a name or (name, options dict), got {value!r}")
+
+
+class Entry:
+    """One mode of a family: its algorithm, its wrapped optimizer, its Keras train function once traced."""
+
+    def __init__(self, mode, options, algorithm, optimizer):
+        self.mode, self.options = mode, dict(options)
+        self.algorithm, self.optimizer = algorithm, optimizer
+        self.train_function = None
+
+
+class Family:
+    """The optimizers one ``hetsync.DistributedOptimizer`` call stands for: one per mode the job uses."""
+
+    def __init__(self, base_optimizer, horovod_kwargs, auto=None):
+        self.base = base_optimizer
+        self.horovod_kwargs = dict(horovod_kwargs)
+        self.auto = auto                    # sync="auto": the policy's settings (dict), else None
+        self.entries = {}
+        self.current = None                 # key of the mode in force
+        self.applied = 0                    # id of the last Switch Board decision carried out here
+        self.pending = None                 # the decision this rank will carry out at its step ``at``
+        self.history = []                   # switches done on this rank (dicts), for reports
+        self.switch_requests = []           # (mode, status) of this rank's requests
+
+    # -- entries ----------------------------------------------------------------------------------------------
+    def validate(self, mode, options):
+        """Raises ValueError for an unknown mode or a bad option (nothing else happens)."""
+        algorithms.create(mode, **options, **self.horovod_kwargs)
+
+    def entry(self, mode, options):
+        """The mode's entry, wrapped on first use (collective when the mode's wrap is: every rank calls it)."""
+        key = key_of(mode, options)
+        if key not in self.entries:
+            algorithm = algorithms.create(mode, **options, **self.horovod_kwargs)
+            optimizer = algorithm.wrap(self.base)
+            if getattr(optimizer, "_hetsync_algorithm", None) is None:
+                optimizer._hetsync_algorithm = algorithm
+            optimizer._hetsync_family = self
+            self.entries[key] = Entry(mode, options, algorithm, optimizer)
+        return self.entries[key]
+
+    @property
+    def current_entry(self):
+        return self.entries[self.current]
+
+    def start(self, mode, options):
+        """The first mode (``DistributedOptimizer``'s ``sync``): returns its optimizer."""
+        entry = self.entry(mode, options)
+        self.current = key_of(mode, options)
+        return entry.optimizer
+
+    def describe(self):
+        mode, options = self.current
+        return mode if options == "{}" else f"{mode} {options}"
+
+
+def copy_optimizer_state(old, new, variables):
+    """``iterations``, slots and hyper-parameter variables of ``old`` into ``new`` (same user optimizer class)."""
+    from hetsync.algorithms._wrap import build_slots
+
+    build_slots(old, variables)
+    build_slots(new, variables)
+    src, dst = _optimizer_variables(old), _optimizer_variables(new)
+    shapes = [(tuple(v.shape), v.dtype) for v in src], [(tuple(v.shape), v.dtype) for v in dst]
+    if shapes[0] != shapes[1]:
+        raise RuntimeError(f"cannot carry the optimizer state over: {len(src)} variables {shapes[0][:4]}... "
+                           f"against {len(dst)} {shapes[1][:4]}...")
+    for a, b in zip(src, dst):
+        b.assign(a)
+    _copy_hyper(old, new)
+
+
+def _optimizer_variables(optimizer):
+    v = optimizer.variables
+    return list(v() if callable(v) else v)
+
+
+def _copy_hyper(old, new):
+    if hasattr(old, "_hyper"):  # legacy optimizers: every hyper-parameter may be a variable
+        for name in old._hyper:
+            value = old._get_hyper(name)
+            if not callable(value):
+                tf.keras.backend.set_value(new._get_hyper(name), tf.keras.backend.get_value(value))
+        return
+    lr = getattr(old, "_learning_rate", None)
+    if isinstance(lr, tf.Variable) and isinstance(getattr(new, "_learning_rate", None), tf.Variable):
+        new._learning_rate.assign(lr)
+
+
+def perform(sync_points, mode, options, reason, decision_id=None):
+    """Switches the job to ``mode`` here (collective: every rank calls it at the same point).  See the module
+    docstring for the steps."""
+    from hetsync import ops
+    from hetsync.algorithms.decentralized import DecentralizedAlgorithm
+    from hetsync.consensus import _weighted_average
+
+    model, family = sync_points.model, sync_points.family
+    began = time.monotonic()
+    old_entry = family.current_entry
+    old = old_entry.algorithm
+    out = sync_points.idle or sync_points._padding
+    ops.set_availability(ops.AWAY)
+    old.on_consensus_begin()
+    old.deactivate()
+    ops.withdraw()
+    _weighted_average(model, 1.0 if sync_points._steps_since_sync > 0 else 0.0,
+                      f"hetsync.switch.{len(family.history)}")
+    inner = getattr(model.train_function, "_hetsync_inner", model.train_function)
+    old_entry.train_function = inner
+    entry = family.entry(mode, options)
+    new = entry.algorithm
+    copy_optimizer_state(old_entry.optimizer, entry.optimizer, model.trainable_variables)
+    model.optimizer = entry.optimizer
+    family.current = key_of(mode, options)
+    new.activate()
+    if isinstance(new, DecentralizedAlgorithm):
+        new.on_consensus_end(out)       # rejoins (and withdraws again when idle)
+    else:
+        ops.rejoin()
+        new.on_consensus_end(out)
+        if out:
+            new.on_idle()
+    if not out:
+        new.on_resume()
+    if entry.train_function is None:
+        model.train_function = None
+        entry.train_function = model.make_train_function(force=True)
+    else:
+        model.train_function = entry.train_function
+    sync_points.adopt(new)
+    sync_points._steps_since_sync = 0
+    record = {"id": decision_id, "from": old_entry.mode, "to": mode, "options": options, "reason": reason,
+              "position": sync_points.position, "time": time.time(), "seconds": time.monotonic() - began}
+    family.history.append(record)
+    if _hvd().rank() == 0 and sync_points.verbose:
+        print(f"hetsync: step {sync_points.position}: switched {old_entry.mode} -> {mode}"
+              f"{' ' + json.dumps(options) if options else ''} ({reason}) in {record['seconds']:.2f} s",
+              file=sys.stderr, flush=True)
+    if not out:
+        ops.set_availability(ops.BETWEEN)
+    return record

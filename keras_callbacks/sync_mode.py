@@ -1,0 +1,89 @@
+"""``keras_callbacks.SyncMode``: change the sync mode while ``Model.fit`` runs (README "Switching").
+
+    switch = keras_callbacks.SyncMode(schedule={0: "allreduce", 3: ("ripples-smart", {"group_size": 3})})
+    model.fit(..., callbacks=[..., switch])
+    switch.request("eager-solo")      # the flag: from any callback or thread, on any rank
+
+Pass it on every rank, as Horovod's callbacks are (a rank without it would never hear of a switch: ``fit`` raises a
+ValueError naming the ranks).  The switch itself is hetsync's (hetsync/switching.py): this callback holds the
+schedule and sends requests to the Switch Board (hetsync/coordinator/switchboard.py), which picks the step at which
+every rank switches.  Rule for several requests: the first one the board receives wins; requests that arrive
+before that switch has been carried out on every rank are dropped (``request`` returns "superseded").
+"""
+import json
+import sys
+
+import tensorflow as tf
+
+
+def _canonical(options):
+    return json.dumps(options or {}, sort_keys=True)
+
+
+class SyncMode(tf.keras.callbacks.Callback):
+    """Live sync-mode switches: a per-epoch ``schedule`` and ``request(mode, **options)``, the flag.
+
+    Args:
+      schedule: {epoch: mode or (mode, options)}: the mode from that epoch's first step on.  Every rank applies it
+        at the same epoch start; nothing is negotiated.  An entry equal to the mode in force does nothing.
+      verbose: rank 0 prints a line per switch (default True).
+    """
+
+    def __init__(self, schedule=None, verbose=True):
+        super().__init__()
+        from hetsync.switching import parse_target
+
+        self.schedule = {}
+        for epoch, value in (schedule or {}).items():
+            if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+                raise ValueError(f"schedule keys are epochs (ints >= 0), got {epoch!r}")
+            mode, options = parse_target(value)
+            _validate(mode, options, None)
+            self.schedule[epoch] = (mode, options)
+        self.verbose = bool(verbose)
+        self._sync_points = None
+        self.requests = []  # (mode, options, status) of this rank's requests
+
+    def _bind(self, sync_points):
+        """fit_hook.SyncPoints, at on_train_begin: the fit this callback belongs to."""
+        self._sync_points = sync_points
+        for mode, options in self.schedule.values():
+            _validate(mode, options, sync_points.family)
+
+    def request(self, mode, options=None, **kwargs):
+        """Asks the job to switch to ``mode`` (options as a dict and/or keywords).  Returns the Switch Board's
+        answer: "accepted" (every rank will switch at a step the board picks), "superseded" (another switch is
+        pending: this request is dropped) or "unchanged" (that mode with those options is in force).  An unknown
+        mode or option raises ValueError here, on this rank only; training goes on as before."""
+        options = {**(options or {}), **kwargs}
+        family = self._sync_points.family if self._sync_points is not None else None
+        _validate(mode, options, family)
+        from hetsync import _runtime
+
+        status, pending = _runtime.services().switch_client().request(mode, _canonical(options))
+        self.requests.append((mode, options, status))
+        if status != "accepted" and self.verbose:
+            extra = f" (switch to {pending} pending)" if pending else ""
+            print(f"hetsync: request for {mode!r} {status}{extra}", file=sys.stderr, flush=True)
+        return status
+
+    @property
+    def history(self):
+        """The switches carried out on this rank (dicts: id, from, to, options, reason, position, time, seconds)."""
+        family = self._sync_points.family if self._sync_points is not None else None
+        return list(family.history) if family is not None else []
+
+    @property
+    def mode(self):
+        """The mode in force on this rank (None before the first fit)."""
+        family = self._sync_points.family if self._sync_points is not None else None
+        return family.current[0] if family is not None else None
+
+
+def _validate(mode, options, family):
+    if family is not None:
+        family.validate(mode, options)
+        return
+    from hetsync import algorithms
+
+    algorithms.create(mode, **options)

@@ -1,0 +1,71 @@
+"""Run under horovodrun -np 4: ``sync="auto"`` follows the job's heterogeneity (README "sync='auto'").
+
+Every step sleeps 20 ms of emulated compute; rank 3 is 5x slower during the middle phase only
+(keras_callbacks.PhasedSlowdown).  Checked on every rank:
+- phase 1 (homogeneous): auto stays on allreduce;
+- phase 2: it switches to the straggler mode (esync), with evidence naming rank 3;
+- phase 3: once the slowdown has ended it switches back to allreduce ("homogeneous");
+- every rank made the same switches at the same steps, and the model reaches a loss target.
+The heterogeneity report goes to LOGDIR (argument): rank 0 through its TensorBoard callback, the others through
+keras_callbacks.HeterogeneityReport.  Prints OK rank=R.
+"""
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+
+import horovod.tensorflow as hvd_tf  # noqa: E402
+import horovod.tensorflow.keras as hvd  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import hetsync  # noqa: E402
+import keras_callbacks  # noqa: E402
+from common import shard, task  # noqa: E402
+
+COMPUTE, SLOW, FACTOR = 0.02, 3, 5
+PHASES = (60, 80, 260)
+
+
+def main():
+    logdir = sys.argv[1]
+    hvd.init()
+    hetsync.init()
+    rank, size = hvd.rank(), hvd.size()
+    (x, y, x_test, y_test), build, loss, metrics = task("digits", 0)
+    tf.keras.utils.set_random_seed(0)
+    model = build()
+    opt = hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.05, momentum=0.9), sync="auto", window=2.0,
+                                       settle=0.5, min_interval=2.0)
+    model.compile(opt, loss=loss, metrics=metrics)
+    slow = keras_callbacks.Slowdown("deterministic", ranks=[SLOW], factor=FACTOR, base_time=COMPUTE)
+    phased = keras_callbacks.PhasedSlowdown([(PHASES[0], None), (PHASES[1], slow), (PHASES[2], None)])
+    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), keras_callbacks.EmulatedCompute(COMPUTE), phased]
+    if rank == 0:
+        callbacks.append(tf.keras.callbacks.TensorBoard(log_dir=logdir, update_freq="epoch"))
+    else:
+        callbacks.append(keras_callbacks.HeterogeneityReport(logdir))
+    model.fit(shard(x, y, rank, size, 32, 0), steps_per_epoch=50, epochs=sum(PHASES) // 50, callbacks=callbacks,
+              verbose=0)
+    history = model.optimizer._hetsync_family.history
+    summary = [(h["from"], h["to"], h["position"]) for h in history]
+    everyone = hvd_tf.allgather_object(summary)
+    assert all(e == everyone[0] for e in everyone), f"ranks switched differently: {everyone}"
+    if rank == 0:
+        for h in history:
+            print(f"switch at step {h['position']}: {h['from']} -> {h['to']}: {h['reason']}", flush=True)
+    assert history, "auto never switched"
+    first = history[0]
+    assert first["to"] == "esync" and first["position"] > PHASES[0], summary
+    assert "straggler" in first["reason"] and "rank 3 " in first["reason"], first["reason"]
+    back = [h for h in history[1:] if h["to"] == "allreduce"]
+    assert back and back[0]["position"] > PHASES[0] + PHASES[1], summary
+    assert "homogeneous" in back[0]["reason"], back[0]["reason"]
+    final = model.evaluate(x_test, y_test, verbose=0)[0]
+    assert final < 0.5, f"loss {final:.3f}"
+    print(f"OK rank={rank}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""Run under horovodrun -np 4: live sync-mode switches in Keras' fit, rank 3 5x slower (README "Switching").
+
+Scenario ``pairs`` (argument: modes, default every registered one):
+- part 1, at epoch ends: a SyncMode schedule walks an Eulerian circuit of the complete directed graph on the
+  modes, so every ordered pair (a, b) switches once, at an epoch start;
+- part 2, mid-epoch: the same circuit again through ``request`` from a rank that changes with each switch, so
+  every ordered pair switches once more, at the step the Switch Board negotiated;
+- during part 2: ranks 1 and 2 request different modes at the same step: one is accepted, the other superseded, and
+  one switch results; an unknown mode and a bad option raise ValueError on the requesting rank only;
+- after every switch: model.optimizer is the new mode's, and its iterations and slots (momentum) equal the old
+  optimizer's bit for bit; the iteration count never goes back;
+- every rank carried out the same switches at the same steps; at the end every rank holds one model and it reaches
+  a loss target.
+Prints OK rank=R.
+"""
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+
+import horovod.tensorflow as hvd_tf  # noqa: E402
+import horovod.tensorflow.keras as hvd  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import hetsync  # noqa: E402
+import keras_callbacks  # noqa: E402
+from common import shard, task  # noqa: E402
+
+SLOW, FACTOR, BASE = 3, 5, 0.004
+STEPS_PER_EPOCH = 3
+GAP = 2  # steps a mode runs before the next request
+
+
+def circuit(nodes):
+    """An Eulerian circuit of the complete directed graph on ``nodes`` (Hierholzer): every ordered pair once."""
+    out = {a: [b for b in reversed(nodes) if b != a] for a in nodes}
+    stack, path = [nodes[0]], []
+    while stack:
+        v = stack[-1]
+        if out[v]:
+            stack.append(out[v].pop())
+        else:
+            path.append(stack.pop())
+    return path[::-1]
+
+
+def opt_state(optimizer):
+    v = optimizer.variables
+    return [np.array(x.numpy()) for x in (v() if callable(v) else v)]
+
+
+class Checks(tf.keras.callbacks.Callback):
+    """After each switch: the state moved over; iterations never go back.  Drives part 2's requests."""
+
+    def __init__(self, switch, route, part1):
+        super().__init__()
+        self.switch, self.route, self.part1 = switch, route, part1
+        self.seen, self.last_iterations, self.states_checked = 0, 0, 0
+        self.epoch, self.steps_in_mode = 0, 0
+        self.asked = set()      # part 2 switches this rank requested
+        self.concurrent = None  # this rank's status in the concurrent requests (ranks 1 and 2)
+        self.errors = []
+
+    def _check_switch(self):
+        history = self.switch.history
+        if len(history) == self.seen:
+            return
+        assert len(history) == self.seen + 1, "two switches between two checks"
+        record = history[-1]
+        family = self.model.optimizer._hetsync_family
+        old = [e for e in family.entries.values() if e.mode == record["from"]][0].optimizer
+        assert self.model.optimizer is family.current_entry.optimizer
+        assert family.current_entry.mode == record["to"]
+        for a, b in zip(opt_state(old), opt_state(self.model.optimizer)):
+            np.testing.assert_array_equal(a, b, err_msg=f"optimizer state lost in {record['from']} -> {record['to']}")
+        self.states_checked += 1
+        self.seen = len(history)
+        self.steps_in_mode = 0
+
+    def _iterations(self):
+        it = int(self.model.optimizer.iterations.numpy())
+        assert it >= self.last_iterations, f"iterations went back: {self.last_iterations} -> {it}"
+        self.last_iterations = it
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+        self._check_switch()
+        self._iterations()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._check_switch()
+        self._iterations()
+        self.steps_in_mode += 1
+        done = len(self.switch.history) - self.part1
+        if self.epoch <= self.part1 or done < 0 or self.steps_in_mode < GAP:
+            return
+        rank = hvd.rank()
+        if done < len(self.route) - 1:  # part 2: the circuit again, requested by rank k % size
+            if done % hvd.size() == rank and done not in self.asked:
+                status = self.switch.request(self.route[done + 1])
+                assert status in ("accepted", "superseded"), f"request {done}: {status}"
+                if status == "accepted":  # superseded: a rank has not reported the last switch yet; next step
+                    self.asked.add(done)
+        elif done == len(self.route) - 1 and self.concurrent is None and rank in (1, 2):
+            # ranks 1 and 2 ask for different modes at the same step: one switch
+            others = sorted(set(self.route) - {self.switch.mode})
+            self.concurrent = self.switch.request(others[rank - 1])
+            if rank == 2:
+                for mode, options in (("no-such-mode", {}), ("hop", {"max_ig": 0})):
+                    try:
+                        self.switch.request(mode, options)
+                    except ValueError as exc:
+                        self.errors.append(str(exc))
+
+
+def main():
+    hvd.init()
+    hetsync.init()
+    rank, size = hvd.rank(), hvd.size()
+    modes = sys.argv[1].split(",") if len(sys.argv) > 1 and sys.argv[1] != "all" else hetsync.available_modes()
+    route = circuit(modes)
+    (x, y, x_test, y_test), build, loss, metrics = task("digits", 0)
+    tf.keras.utils.set_random_seed(0)
+    model = build()
+    opt = hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.05, momentum=0.9), sync=route[0])
+    model.compile(opt, loss=loss, metrics=metrics)
+    part1 = len(route) - 1
+    schedule = {e: route[e] for e in range(1, part1 + 1)}  # epoch e starts with route[e]: every pair, at epoch ends
+    switch = keras_callbacks.SyncMode(schedule=schedule)
+    checks = Checks(switch, route, part1)
+    epochs = part1 + 1 + (len(route) + 2) * (GAP + 4) // STEPS_PER_EPOCH + 4
+    slow = keras_callbacks.Slowdown("deterministic", ranks=[SLOW], factor=FACTOR, base_time=BASE)
+    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), switch, slow, checks]
+    model.fit(shard(x, y, rank, size, 32, 0), steps_per_epoch=STEPS_PER_EPOCH, epochs=epochs,
+              callbacks=callbacks, verbose=0)
+    history = switch.history
+    pairs = [(h["from"], h["to"]) for h in history]
+    everyone = hvd_tf.allgather_object([(p, h["position"]) for p, h in zip(pairs, history)])
+    assert all(e == everyone[0] for e in everyone), f"ranks switched differently:\n{everyone}"
+    expected = set((a, b) for a in modes for b in modes if a != b)
+    first = pairs[:part1]
+    assert set(first) == expected and len(first) == len(expected), f"part 1 pairs: {first}"
+    assert all(h["reason"].startswith("schedule") for h in history[:part1])
+    second = pairs[part1:]
+    assert set(second[:part1]) == expected and len(second) == part1 + 1, f"part 2 pairs: {second}"
+    assert all(not h["reason"].startswith("schedule") for h in history[part1:])
+    statuses = hvd_tf.allgather_object(checks.concurrent)
+    assert sorted(s for s in statuses if s is not None) == ["accepted", "superseded"], statuses
+    if rank == 2:
+        assert len(checks.errors) == 2 and "unknown sync mode 'no-such-mode'" in checks.errors[0] \
+            and "max_ig" in checks.errors[1], checks.errors
+    else:
+        assert not checks.errors
+    assert checks.states_checked == len(history)
+    final = model.evaluate(x_test, y_test, verbose=0)[0]
+    weights = hvd_tf.allgather_object([w.tolist() for w in model.get_weights()][-1])
+    assert all(w == weights[0] for w in weights), "ranks ended with different models"
+    assert final < 0.5, f"loss {final:.3f} after {len(history)} switches"
+    print(f"rank {rank}: {len(history)} switches ({part1} at epoch starts), final loss {final:.3f}, "
+          f"modes {modes}", flush=True)
+    print(f"OK rank={rank}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+"""The Switch Board (hetsync/coordinator/switchboard.py) and sync="auto"'s policy (auto_policy.py), alone, with
+hypothesis.
+
+Switch Board: a discrete-event simulation runs n ranks of random speeds through the protocol of fit_hook.SyncPoints:
+after each step a rank reports; when a decision names its step it enters the switch (a global collective: it waits
+until every rank is there), carries it out and reports again.  Every few steps the ranks also meet in a "user
+collective" (they wait for each other, reporting nothing).  Requests come from random ranks at random times.
+Checked: no rank is ever past a decision's step when it learns it (the board would raise); every rank carries out
+the same decisions at the same steps; the first request of a burst is decided and the others are superseded;
+every accepted request becomes exactly one switch.
+
+Policy: homogeneous samples never move it off allreduce; a rank r times slower (r >= 2) makes it propose the
+straggler mode, naming that rank; random slowdowns make it propose the random mode; hysteresis keeps the class in
+force between its exit and entry thresholds; switches are at least min_interval apart.
+"""
+import heapq
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hetsync.coordinator.auto_policy import AutoPolicy, normalize_candidates
+from hetsync.coordinator.switchboard import ACCEPTED, SUPERSEDED, UNCHANGED, SwitchBoard
+
+MODES = ["allreduce", "hop", "esync", "eager-solo"]
+
+
+def simulate(n, speeds, steps, requests, collective_every, seed):
+    """Returns (board, per-rank list of (decision id, position) carried out, request statuses)."""
+    rng = random.Random(seed)
+    board = SwitchBoard(n)
+    pos, applied, mode = [0] * n, [0] * n, ["allreduce"] * n
+    done = [[] for _ in range(n)]
+    waiting = {}            # barrier key -> ranks waiting
+    events = [(speeds[r] * rng.uniform(0.5, 1.5), r) for r in range(n)]
+    heapq.heapify(events)
+    pending_requests = sorted(requests)
+    statuses = []
+    now = 0.0
+
+    def release(key, t):
+        for r in waiting.pop(key):
+            heapq.heappush(events, (t + speeds[r] * rng.uniform(0.5, 1.5), r))
+
+    while events:
+        now, r = heapq.heappop(events)
+        while pending_requests and pending_requests[0][0] <= now:
+            _, who, target = pending_requests.pop(0)
+            statuses.append(board.request(who, target))
+        pos[r] += 1
+        d = board.report(r, pos[r], applied[r], mode[r], "{}", now=now)
+        barrier = None
+        if d is not None:
+            assert pos[r] <= d.at
+            if pos[r] == d.at:
+                barrier = ("switch", d.id)
+                applied[r], mode[r] = d.id, d.mode
+                done[r].append((d.id, pos[r]))
+                board.report(r, pos[r], applied[r], mode[r], "{}", now=now)
+        if barrier is None and pos[r] % collective_every == 0:
+            barrier = ("collective", pos[r])
+        if pos[r] >= steps and barrier is None:
+            continue
+        if barrier is None:
+            heapq.heappush(events, (now + speeds[r] * rng.uniform(0.5, 1.5), r))
+            continue
+        waiting.setdefault(barrier, []).append(r)
+        if len(waiting[barrier]) == n:
+            release(barrier, now)
+    return board, done, statuses, pos
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(2, 8), seed=st.integers(0, 10_000), slow=st.floats(1.0, 6.0),
+       collective_every=st.integers(2, 9), requests=st.lists(
+           st.tuples(st.floats(0.0, 60.0), st.integers(0, 7), st.sampled_from(MODES)), max_size=12))
+def test_every_rank_switches_at_the_same_steps(n, seed, slow, collective_every, requests):
+    speeds = [1.0] * (n - 1) + [slow]
+    requests = [(t, who % n, mode) for t, who, mode in requests]
+    board, done, statuses, pos = simulate(n, speeds, 80, requests, collective_every, seed)
+    assert all(d == done[0] for d in done), f"ranks carried out different switches: {done}"
+    ids = [i for i, _ in done[0]]
+    assert ids == list(range(1, len(ids) + 1))
+    # every accepted request became one decision; decisions not carried out are past the last step
+    assert statuses.count(ACCEPTED) == len(board.history)
+    for d in board.history[len(ids):]:
+        assert d.at > 80 or d.at > min(pos)
+
+
+def test_concurrent_requests_give_one_switch():
+    board = SwitchBoard(4)
+    for r in range(4):
+        board.report(r, 5, 0, "allreduce", "{}")
+    assert board.request(1, "hop") == ACCEPTED
+    assert board.request(2, "esync") == SUPERSEDED      # before the decision is made
+    d = board.report(0, 6, 0, "allreduce", "{}")
+    assert d.mode == "hop" and d.at == 7
+    assert board.request(3, "esync") == SUPERSEDED      # decision in flight
+    for r in range(4):
+        board.report(r, 7, 1, "hop", "{}")
+    assert board.current == ("hop", "{}")
+    assert board.request(3, "hop") == UNCHANGED
+    assert board.request(3, "esync") == ACCEPTED
+    assert len(board.history) == 1
+
+
+def test_position_going_back_and_bad_rank_are_rejected():
+    board = SwitchBoard(2)
+    board.report(0, 4, 0)
+    with pytest.raises(ValueError, match="positions only grow"):
+        board.report(0, 3, 0)
+    with pytest.raises(ValueError, match="out of range"):
+        board.request(2, "hop")
+
+
+# -- the policy ------------------------------------------------------------------------------------------------
+def feed(policy, n, seconds, sample, start=0.0, dt=0.05):
+    """Every rank reports one sample per ``dt``; returns the first proposal (or None) and the time."""
+    t = start
+    proposal = None
+    while t < start + seconds:
+        for r in range(n):
+            policy.add(r, t, sample(r, t))
+        proposal = proposal or policy.evaluate(t, policy.current_mode)
+        if proposal is not None:
+            return proposal, t
+        t += dt
+    return None, t
+
+
+def make(n, **kw):
+    policy = AutoPolicy(n, window=3.0, settle=1.0, min_interval=5.0, **kw)
+    policy.current_mode = "allreduce"
+    return policy
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(2, 8), noise=st.floats(0.0, 0.3), seed=st.integers(0, 1000))
+def test_homogeneous_stays_on_allreduce(n, noise, seed):
+    rng = random.Random(seed)
+    policy = make(n)
+    proposal, _ = feed(policy, n, 12.0, lambda r, t: 0.02 * (1 + rng.uniform(-noise, noise)))
+    assert proposal is None
+    assert policy.last[0] == "homogeneous"
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(3, 8), factor=st.floats(2.0, 8.0), seed=st.integers(0, 1000))
+def test_persistent_straggler_is_named_and_switched_to_the_straggler_mode(n, factor, seed):
+    rng = random.Random(seed)
+    slow = rng.randrange(n)
+    policy = make(n)
+    proposal, t = feed(policy, n, 12.0, lambda r, t: 0.02 * (factor if r == slow else 1) * rng.uniform(0.9, 1.1))
+    assert proposal is not None and proposal[0] == "esync", policy.last
+    assert f"rank {slow} " in proposal[2]
+    assert t >= 1.0  # settle: the class held for 1 s first
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(4, 8), seed=st.integers(0, 1000))
+def test_random_slowdowns_switch_to_the_random_mode(n, seed):
+    rng = random.Random(seed)
+    policy = make(n)
+    proposal, _ = feed(policy, n, 15.0, lambda r, t: 0.02 * (6 if rng.random() < 1.0 / n else 1))
+    assert proposal is not None and proposal[0] == "eager-solo", policy.last
+
+
+def test_hysteresis_and_min_interval():
+    policy = make(4)
+    policy.state = "straggler"      # in force: a rank 1.4x slower is still a straggler (exit below 1.25x)
+    policy.current_mode = "esync"
+    proposal, _ = feed(policy, 4, 6.0, lambda r, t: 0.02 * (1.4 if r == 0 else 1))
+    assert proposal is None and policy.last[0] == "straggler"
+    fresh = make(4)                 # not in force: 1.4x is below the 1.5x entry
+    proposal, _ = feed(fresh, 4, 6.0, lambda r, t: 0.02 * (1.4 if r == 0 else 1))
+    assert proposal is None and fresh.last[0] == "homogeneous"
+    fresh.switched("allreduce", 100.0)
+    proposal, t = feed(fresh, 4, 10.0, lambda r, t: 0.02 * (5 if r == 0 else 1), start=100.0)
+    assert proposal is not None and t >= 105.0   # min_interval after the last switch
+
+
+def test_bad_settings_and_candidates_raise():
+    with pytest.raises(ValueError, match="unknown class"):
+        normalize_candidates({"slow": "esync"})
+    with pytest.raises(ValueError, match="unknown auto setting"):
+        AutoPolicy(4, windw=3)
+    with pytest.raises(ValueError, match="window"):
+        AutoPolicy(4, window=0)
+    assert normalize_candidates({"straggler": ("hop", {"skip": 2})})["straggler"] == ("hop", {"skip": 2})
