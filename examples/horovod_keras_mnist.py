@@ -196,7 +196,8 @@ def main():
     summary = {
         "rank": rank, "sync": args.sync, "loss": float(loss), "accuracy": float(acc), "avg_loss": avg_loss,
         "epochs_run": epochs_run, "steps_per_epoch": steps, "train_time_s": train_time,
-        "iterations": int(opt.iterations.numpy()), "weights_checksum": checksum,
+        "iterations": int(model.optimizer.iterations.numpy()), "weights_checksum": checksum,
+        "switches": [(h["from"], h["to"], h["position"]) for h in model.optimizer._hetsync_family.history],
         "after_checkpoint_broadcast_checksum": weights_checksum(model),
         "user_allreduces": user.calls if user else 0,
         "stopped_by_budget_at_s": budget.stopped_at if budget else None,

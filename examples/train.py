@@ -46,6 +46,10 @@ def parse_args(argv=None):
     p.add_argument("--base-time", type=float, default=None, help="normal iteration time in s (default: measured)")
     p.add_argument("--compute-time", type=float, default=0.0, help="emulated compute sleep per step, s")
     p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument("--scenario", default="fixed", choices=["fixed", "changing"],
+                   help="changing: homogeneous for the first third of the steps, the last rank --factor x slower "
+                        "for the second, random 6x slowdowns with p = 1/n for the last (needs --base-time)")
+    p.add_argument("--report-dir", default="", help="write keras_callbacks.HeterogeneityReport records there")
     p.add_argument("--log-dir", default="")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
@@ -60,6 +64,19 @@ def sync_options(pairs):
         except json.JSONDecodeError:
             options[key] = value
     return options
+
+
+def changing_scenario(args, rank, size, steps):
+    """bench_switch.py's scenario: thirds of the job's steps (hetsync's step count) of homogeneous, one persistent
+    straggler, random slowdowns."""
+    if args.base_time is None:
+        raise SystemExit("--scenario changing needs --base-time (the normal iteration time)")
+    straggler = keras_callbacks.Slowdown("deterministic", ranks=[size - 1], factor=args.factor,
+                                         base_time=args.base_time, rank=rank, size=size)
+    random = keras_callbacks.Slowdown("random", factor=6.0, base_time=args.base_time, seed=args.seed, rank=rank,
+                                      size=size)
+    third = max(steps // 3, 1)
+    return keras_callbacks.PhasedSlowdown([(third, None), (third, straggler), (max(steps - 2 * third, 1), random)])
 
 
 def main(argv=None):
@@ -93,6 +110,10 @@ def main(argv=None):
         callbacks.append(keras_callbacks.Slowdown(args.slowdown, ranks=slow, factor=args.factor,
                                                   delay_range=(lo, hi), base_time=args.base_time, seed=args.seed,
                                                   factors=factors))
+    if args.scenario == "changing":
+        callbacks.append(changing_scenario(args, rank, size, steps))
+    if args.report_dir:
+        callbacks.append(keras_callbacks.HeterogeneityReport(args.report_dir, every_s=0.5))
     evaluator = EvalLogger(x_test, y_test, loss, args.eval_every, t0, log_path, rank)
     callbacks += [evaluator, keras_callbacks.Consensus(every=None)]
 
@@ -102,8 +123,8 @@ def main(argv=None):
     result = model.evaluate(x_test, y_test, verbose=0, return_dict=True)
     summary = {"rank": rank, "size": size, "sync": args.sync, "steps": steps, "train_time_s": train_time,
                "steps_per_s": steps / train_time, "consensus_loss": result["loss"],
-               "consensus_accuracy": result.get("accuracy"), "algorithm": opt._hetsync_algorithm.metrics(),
-               "samples": int(opt.iterations.numpy()) * args.batch_size}
+               "consensus_accuracy": result.get("accuracy"), "algorithm": model.optimizer._hetsync_algorithm.metrics(),
+               "samples": int(model.optimizer.iterations.numpy()) * args.batch_size}
     weights = np.concatenate([w.ravel() for w in model.get_weights()])
     summary["weights_checksum"] = float(np.sum(weights * np.arange(1, weights.size + 1) % 7))
     if args.log_dir:

@@ -54,6 +54,7 @@ class Entry:
         self.mode, self.options = mode, dict(options)
         self.algorithm, self.optimizer = algorithm, optimizer
         self.train_function = None
+        self.fresh = True  # wrapped and not yet left: ``wrap`` did the set-up ``activate`` would redo
 
 
 class Family:
@@ -160,7 +161,9 @@ def perform(sync_points, mode, options, reason, decision_id=None):
     copy_optimizer_state(old_entry.optimizer, entry.optimizer, model.trainable_variables)
     model.optimizer = entry.optimizer
     family.current = key_of(mode, options)
-    new.activate()
+    if not entry.fresh:
+        new.activate()
+    old_entry.fresh = entry.fresh = False
     if isinstance(new, DecentralizedAlgorithm):
         new.on_consensus_end(out)       # rejoins (and withdraws again when idle)
     else:

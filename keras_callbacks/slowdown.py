@@ -160,19 +160,24 @@ class EmulatedCompute(tf.keras.callbacks.Callback):
 class PhasedSlowdown(tf.keras.callbacks.Callback):
     """A heterogeneity that changes during the job: ``phases`` = [(steps, Slowdown or None), ...].
 
-    Phase i lasts ``steps`` Keras steps of the job (hetsync's step count, the same on every rank; the last phase
-    lasts to the end); None is a homogeneous phase.  Each Slowdown keeps its own RNG and step count.
-    ``phase_at(step)`` says which phase a step is in (benchmarks time each phase).
+    Phase i lasts ``steps`` Keras steps of the job (hetsync's step count, the same on every rank), or with
+    ``unit="seconds"`` that many seconds since this rank's ``fit`` began (the environment changes in time, whatever
+    the method does); the last phase lasts to the end.  None is a homogeneous phase.  Each Slowdown keeps its own
+    RNG and step count.  ``phase_at(x)`` says which phase a step (or second) is in.
     """
 
-    def __init__(self, phases):
+    def __init__(self, phases, unit="steps"):
         super().__init__()
+        if unit not in ("steps", "seconds"):
+            raise ValueError(f"unit must be 'steps' or 'seconds', got {unit!r}")
         if not phases:
-            raise ValueError("phases must be a non-empty list of (steps, Slowdown or None)")
-        for steps, slowdown in phases:
-            if not isinstance(steps, int) or steps < 1 or not (slowdown is None or isinstance(slowdown, Slowdown)):
-                raise ValueError(f"each phase is (steps >= 1, Slowdown or None), got {(steps, slowdown)!r}")
-        self.phases = list(phases)
+            raise ValueError("phases must be a non-empty list of (length, Slowdown or None)")
+        for length, slowdown in phases:
+            if not isinstance(length, (int, float)) or isinstance(length, bool) or length <= 0 \
+                    or not (slowdown is None or isinstance(slowdown, Slowdown)):
+                raise ValueError(f"each phase is (length > 0, Slowdown or None), got {(length, slowdown)!r}")
+        self.phases, self.unit = list(phases), unit
+        self._began = None
         self.per_local_iteration = False
         self._active = None
         self.slept = 0.0
@@ -185,7 +190,13 @@ class PhasedSlowdown(tf.keras.callbacks.Callback):
                 return i
         return len(self.phases) - 1
 
+    def on_train_begin(self, logs=None):
+        if self._began is None:
+            self._began = time.monotonic()
+
     def _current(self):
+        if self.unit == "seconds":
+            return self.phases[self.phase_at(time.monotonic() - (self._began or time.monotonic()))][1]
         from hetsync import fit_hook
 
         return self.phases[self.phase_at(fit_hook.position())][1]

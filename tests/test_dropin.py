@@ -45,8 +45,10 @@ def check_clean(proc, out):
     return runs
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", MODES + ["auto"])
 def test_horovod_example_with_a_slow_rank_and_user_collectives(mode, tmp_path):
+    """... and sync="auto": with rank 3 5x slower from the start it leaves allreduce for the straggler mode
+    mid-epoch, among the user's collectives, checkpoints and LR warm-up, with the same guarantees."""
     proc = run_mpi(4, SCRIPT, "--sync", mode, "--slow-rank", 3, "--factor", 5, "--allreduce-every", 7,
                    "--epochs", 4, "--steps-per-epoch", 40, "--checkpoint-dir", tmp_path, "--summary-dir", tmp_path,
                    "--target-loss", 0.3, launcher="horovodrun", timeout=400, env=mpi_env(HETSYNC_TIMEOUT=60))
@@ -56,11 +58,17 @@ def test_horovod_example_with_a_slow_rank_and_user_collectives(mode, tmp_path):
     # rank 0's checkpoint of the last epoch is the model every rank ended with (the epoch-end consensus)
     assert all((tmp_path / f"checkpoint-{e}.weights.h5").exists() for e in range(1, 5))
     assert {s["after_checkpoint_broadcast_checksum"] for s in runs} == {runs[0]["weights_checksum"]}
+    assert len({json.dumps(s["switches"]) for s in runs}) == 1, [s["switches"] for s in runs]
+    if mode == "auto":
+        assert runs[0]["switches"] and runs[0]["switches"][0][:2] == ["allreduce", "esync"], runs[0]["switches"]
+    else:
+        assert runs[0]["switches"] == []
 
 
-# Once per mode without a hetsync callback; the Consensus(every=5) variant once, for a mode that leaves and rejoins
-# its group collectives at each round (Ripples) and one whose partial collectives run through it (eager-SGD).
-CASES = [(m, None) for m in MODES] + [("ripples-static", "5"), ("eager-majority", "5")]
+# Once per mode: without a hetsync callback, except that two modes run with keras_callbacks.Consensus(every=5)
+# instead: one that leaves and rejoins its group collectives at each round (Ripples) and one whose partial
+# collectives run through it (eager-SGD).
+CASES = [(m, "5" if m in ("ripples-static", "eager-majority") else None) for m in MODES]
 
 
 @pytest.mark.parametrize("mode, consensus", CASES, ids=[f"{m}-{'consensus-every-' + c if c else 'no-callback'}"

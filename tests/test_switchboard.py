@@ -121,7 +121,9 @@ def feed(policy, n, seconds, sample, start=0.0, dt=0.05):
     proposal = None
     while t < start + seconds:
         for r in range(n):
-            policy.add(r, t, sample(r, t))
+            value = sample(r, t)
+            if value is not None:
+                policy.add(r, t, value)
         proposal = proposal or policy.evaluate(t, policy.current_mode)
         if proposal is not None:
             return proposal, t
@@ -178,6 +180,13 @@ def test_hysteresis_and_min_interval():
     fresh.switched("allreduce", 100.0)
     proposal, t = feed(fresh, 4, 10.0, lambda r, t: 0.02 * (5 if r == 0 else 1), start=100.0)
     assert proposal is not None and t >= 105.0   # min_interval after the last switch
+
+
+def test_ranks_without_samples_are_left_out():
+    """An idle rank (stopped early) sends no samples: the others are still classified."""
+    policy = make(4)
+    proposal, _ = feed(policy, 4, 8.0, lambda r, t: None if r == 1 else 0.02 * (5 if r == 3 else 1))
+    assert proposal is not None and proposal[0] == "esync" and "rank 3 " in proposal[2], policy.last
 
 
 def test_bad_settings_and_candidates_raise():

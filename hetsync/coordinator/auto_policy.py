@@ -11,7 +11,8 @@ ESync one sample is a round's mean local iteration.
 **Classes** (README "sync='auto'"), over the samples of the last ``window`` seconds, every rank having at least
 ``min_samples``:
 
-* m_r = the median sample of rank r; *typical* = the median of the m_r (the usual worker's iteration).
+* m_r = the median sample of rank r; *typical* = the median of the m_r (the usual worker's iteration).  A rank
+  without any sample in the window (idle after stopping, finished) is left out.
 * **straggler**: some rank has m_r >= ``straggler_ratio`` x typical (1.5): it is slow most of the time.
 * **random**: no straggler, but at least ``random_fraction`` (6%) of all samples are >= ``slow_sample_ratio`` x
   typical (2.5): slowdowns come and go, on any rank.
@@ -88,23 +89,26 @@ class AutoPolicy:
         """(class or None, evidence text) from the samples of the last window."""
         self._trim(now)
         counts = [len(xs) for xs in self.samples]
-        if min(counts) < self.s["min_samples"]:
+        # A rank with no sample in the window is not training (idle after its time budget, finished, away): it is
+        # left out.  Every other rank needs min_samples, so a slow rank is waited for, not missed.
+        active = [r for r, n in enumerate(counts) if n > 0]
+        if len(active) < 2 or min(counts[r] for r in active) < self.s["min_samples"]:
             return None, f"too few samples (per rank {counts}, need {self.s['min_samples']})"
-        medians = [statistics.median(c for _, c in xs) for xs in self.samples]
-        typical = statistics.median(medians)
+        medians = {r: statistics.median(c for _, c in self.samples[r]) for r in active}
+        typical = statistics.median(medians.values())
         if typical <= 0:
             return None, "no compute time measured"
         ratio = self.s["straggler_exit"] if self.state == "straggler" else self.s["straggler_ratio"]
-        slow = [r for r, m in enumerate(medians) if m >= ratio * typical]
+        slow = [r for r, m in medians.items() if m >= ratio * typical]
         if slow:
             parts = ", ".join(f"rank {r} {medians[r] * 1e3:.1f} ms ({medians[r] / typical:.1f}x)" for r in slow)
             return "straggler", f"median iteration {parts} vs typical {typical * 1e3:.1f} ms"
         threshold = self.s["slow_sample_ratio"] * typical
-        pooled = [c for xs in self.samples for _, c in xs]
+        pooled = [c for r in active for _, c in self.samples[r]]
         fraction = sum(c >= threshold for c in pooled) / len(pooled)
         needed = self.s["random_exit"] if self.state == "random" else self.s["random_fraction"]
         detail = (f"{fraction:.0%} of {len(pooled)} iterations >= {self.s['slow_sample_ratio']:g}x typical "
-                  f"{typical * 1e3:.1f} ms; slowest rank median {max(medians) / typical:.2f}x")
+                  f"{typical * 1e3:.1f} ms; slowest rank median {max(medians.values()) / typical:.2f}x")
         return ("random" if fraction >= needed else "homogeneous"), detail
 
     def evaluate(self, now, current_mode):

@@ -1,0 +1,123 @@
+"""Benchmark of live switching: every fixed mode and sync="auto" on a changing scenario, in one run.
+
+8 workers (default) train the digits MLP for --steps steps each, with --base-time s of emulated compute per step
+(EmulatedCompute: 8 workers fit on 2 cores) and examples/train.py's ``--scenario changing``: homogeneous for the
+first third of the steps, the last worker --factor (5) x slower for the second third, random 6x slowdowns with
+p = 1/n on every worker for the last third.  For each run it reports:
+
+* time to the target loss (the mean of the workers' local-model test losses, as benchmark.py measures it), from
+  the end of the start-up (bench_eager.warm);
+* per phase, the job's training throughput: samples per second summed over the workers, from each worker's
+  heterogeneity-report records (keras_callbacks.HeterogeneityReport, every 0.5 s) whose step is in the phase;
+* for auto, its switches (step, target, the policy's evidence) and ``hetsync report``'s PNG of its run.
+
+Goal (issue 10): auto within 5% of the best fixed mode's throughput on each phase, and a shorter time to target
+than every fixed mode on the whole run.  Writes results.json, results.md and the report PNG under --out; prints a
+line per run with an ETA.
+"""
+import glob
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+sys.path.insert(0, HERE)
+
+from bench_eager import Progress, first_time, parser, train, warm, write_results  # noqa: E402
+from benchmark import mean_curve  # noqa: E402
+
+FIXED = ("allreduce", "esync", "eager-solo", "hop", "ripples-smart")
+PHASES = ("homogeneous", "straggler", "random")
+
+
+def phase_throughput(report_dir, steps, batch):
+    """Samples/s of the job in each phase (sum over workers of iterations / seconds of their records there)."""
+    third = max(steps // 3, 1)
+    bounds = [(0, third), (third, 2 * third), (2 * third, steps + 1)]
+    out = [0.0, 0.0, 0.0]
+    for path in glob.glob(os.path.join(report_dir, "hetsync", "rank*.jsonl")):
+        with open(path) as f:
+            records = [json.loads(line) for line in f if line.strip()]
+        for k, (lo, hi) in enumerate(bounds):
+            inside = [r for r in records if r["kind"] == "rate" and r["steps"] > 0 and lo < r["position"] <= hi]
+            seconds = sum(r["interval_s"] for r in inside)
+            if seconds > 0:
+                out[k] += sum(r["iterations"] for r in inside) * batch / seconds
+    return out
+
+
+def run(args, label, mode, extra, progress):
+    log_dir = os.path.join(args.out, label)
+    report_dir = os.path.join(log_dir, "report")
+    slowdown = ["--compute-time", str(args.base_time), "--base-time", str(args.base_time), "--scenario",
+                "changing", "--factor", str(args.factor), "--report-dir", report_dir] + extra
+    summaries, curves = train(args, mode, "digits", log_dir, slowdown)
+    loss = mean_curve(curves, 1)  # rows: time, loss, accuracy, step
+    start = warm(curves, args)
+    reached = first_time(loss, lambda v: v <= args.target_loss)
+    r = {"time_to_target": None if reached is None else reached - start,
+         "phase_samples_per_s": phase_throughput(report_dir, args.steps, 32),
+         "final_loss": summaries[0]["consensus_loss"], "wall_s": max(s["train_time_s"] for s in summaries)}
+    if mode == "auto":
+        from hetsync.report import load, summarize, write_report
+
+        _, _, switches = summarize(load(report_dir))
+        r["switches"] = [(s["position"], s["to"], s["reason"]) for s in switches]
+        r["report_png"], _ = write_report(report_dir, args.out)
+    t = "not reached" if r["time_to_target"] is None else f"{r['time_to_target']:.1f} s"
+    phases = ", ".join(f"{p} {v:.0f}" for p, v in zip(PHASES, r["phase_samples_per_s"]))
+    progress.step(f"{label}: time to loss {args.target_loss}: {t}; samples/s by phase: {phases}")
+    return r
+
+
+def markdown(results, args):
+    fixed = {k: v for k, v in results.items() if k != "auto"}
+    auto = results["auto"]
+    lines = [f"{args.workers} workers, {args.steps} steps, {args.base_time * 1e3:.0f} ms compute per step; phases "
+             f"of {args.steps // 3} steps: homogeneous, worker {args.workers - 1} {args.factor:g}x slower, random "
+             f"6x slowdowns (p = 1/{args.workers}).", "",
+             "| mode | time to loss " + f"{args.target_loss} | " + " | ".join(f"{p} samples/s" for p in PHASES)
+             + " | final loss |", "|---|---|---|---|---|---|"]
+    for name, r in results.items():
+        t = "not reached" if r["time_to_target"] is None else f"{r['time_to_target']:.1f} s"
+        lines.append(f"| {name} | {t} | " + " | ".join(f"{v:.0f}" for v in r["phase_samples_per_s"])
+                     + f" | {r['final_loss']:.3f} |")
+    lines += ["", "auto against the best fixed mode of each phase (throughput):", ""]
+    for k, p in enumerate(PHASES):
+        best = max(fixed, key=lambda m: fixed[m]["phase_samples_per_s"][k])
+        ratio = auto["phase_samples_per_s"][k] / max(fixed[best]["phase_samples_per_s"][k], 1e-9)
+        lines.append(f"- {p}: best fixed {best}; auto at {ratio:.2f}x of it (goal >= 0.95)")
+    times = {m: r["time_to_target"] for m, r in fixed.items() if r["time_to_target"] is not None}
+    if times and auto["time_to_target"] is not None:
+        best = min(times, key=times.get)
+        lines.append(f"- whole run: auto {auto['time_to_target']:.1f} s to target, best fixed {best} "
+                     f"{times[best]:.1f} s ({'better' if auto['time_to_target'] < times[best] else 'not better'})")
+    lines += ["", "auto's switches (step, mode, evidence):", ""]
+    lines += [f"- step {pos}: {to} ({why})" for pos, to, why in auto.get("switches", [])]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = parser(__doc__, ("switch",), 300, "results/switch")
+    p.add_argument("--base-time", type=float, default=0.03, help="emulated compute per step, s")
+    p.add_argument("--factor", type=float, default=5.0)
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--target-loss", type=float, default=0.35)
+    p.add_argument("--modes", default=",".join(FIXED), help="the fixed modes to compare auto with")
+    args = p.parse_args(argv)
+    args.lr = {"digits": args.lr}
+    os.makedirs(args.out, exist_ok=True)
+    modes = [m for m in args.modes.split(",") if m]
+    progress = Progress(len(modes) + 1)
+    results = {m: run(args, m, m, [], progress) for m in modes}
+    auto_opts = ["--sync-option", "window=3.0", "--sync-option", "min_interval=3.0", "--sync-option", "settle=1.0"]
+    results["auto"] = run(args, "auto", "auto", auto_opts, progress)
+    text = markdown(results, args)
+    write_results(args, results, text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""Live sync-mode switches and sync="auto" end to end (real horovodrun, TensorFlow, Horovod and gRPC), and the
+heterogeneity report (README "Switching", "sync='auto'", "Heterogeneity report")."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, assert_ok, run_mpi
+
+
+def test_every_ordered_pair_switches_at_epoch_ends_and_mid_epoch():
+    """4 ranks, rank 3 5x slower: every ordered pair of registered modes switches at an epoch start (schedule) and
+    again mid-epoch (requests from rotating ranks); optimizer slots and iterations carry over bit for bit;
+    concurrent requests give one switch; unknown mode / bad option raise on the requesting rank only; every rank
+    switches at the same steps and ends with one model under the loss target (tests/mpi/keras_switch.py)."""
+    proc = run_mpi(4, "tests/mpi/keras_switch.py", "all", launcher="horovodrun", timeout=600)
+    assert_ok(proc, 4)
+
+
+def test_auto_follows_a_straggler_and_back_and_the_report_shows_it(tmp_path):
+    """sync="auto" stays on allreduce while homogeneous, moves to esync when rank 3 becomes 5x slower and back
+    when it recovers (tests/mpi/keras_auto.py); then `hetsync report` turns the run's records into a PNG and a
+    Markdown summary naming both switches."""
+    logdir = tmp_path / "logs"
+    proc = run_mpi(4, "tests/mpi/keras_auto.py", str(logdir), launcher="horovodrun", timeout=400)
+    assert_ok(proc, 4)
+    assert (logdir / "hetsync" / "rank0").is_dir()  # TensorBoard scalars beside the user's TensorBoard logs
+    out = subprocess.run([sys.executable, "-m", "hetsync.cli", "report", str(logdir)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    md = (logdir / "hetsync_report.md").read_text()
+    assert "| allreduce | esync | auto: straggler" in md and "| esync | allreduce | auto: homogeneous" in md, md
+    assert (logdir / "hetsync_report.png").stat().st_size > 10_000
+    for rank in range(4):
+        assert f"| {rank} |" in md
+
+
+def test_report_of_records_and_missing_logdir(tmp_path):
+    """The report from hand-written records: per-worker rates and waits, switches with reasons; a directory
+    without records is a clear error (exit code 2)."""
+    from hetsync.report import write_report
+
+    folder = tmp_path / "hetsync"
+    folder.mkdir()
+    for rank, speed in ((0, 10.0), (1, 2.0)):
+        lines = []
+        for i in range(1, 6):
+            lines.append({"kind": "rate", "time": 100.0 + i, "rank": rank, "epoch": 0, "position": 10 * i,
+                          "mode": "allreduce" if i < 3 else "hop", "interval_s": 1.0, "steps": 10,
+                          "iterations": int(speed), "compute_s": 0.5, "step_s": 0.9, "sync_s": 0.1,
+                          "rate": speed, "compute_rate": 2 * speed, "wait_s": 0.5, "idle": False, "loss": 1.0,
+                          "metrics": {"queue_size": i}})
+            if i == 2:
+                lines.append({"kind": "switch", "id": 1, "from": "allreduce", "to": "hop", "options": {},
+                              "reason": "requested", "position": 25, "time": 102.5, "seconds": 0.2})
+        (folder / f"rank{rank}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    png, md = write_report(str(tmp_path))
+    text = open(md).read()
+    assert "| 0 | 50 | 10.0 | 20.0 | 2.5 s (50%) | hop |" in text, text
+    assert "| 1 | 10 | 2.0 | 4.0 |" in text
+    assert "| 1.5 | 25 | allreduce | hop | requested | 0.20 |" in text  # t0: the first record
+    assert "queue_size=5" in text and os.path.getsize(png) > 10_000
+    empty = subprocess.run([sys.executable, "-m", "hetsync.cli", "report", str(tmp_path / "nothing")], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
+    assert empty.returncode == 2 and "no hetsync report records" in empty.stderr
+    bench = subprocess.run([sys.executable, "-m", "hetsync.cli", "bench", "--help"], cwd=ROOT, capture_output=True,
+                           text=True, timeout=120)
+    assert bench.returncode == 0 and "--preset" in bench.stdout  # `hetsync bench` is examples/benchmark.py
+
+
+def test_sync_mode_schedule_and_auto_settings_are_checked():
+    from keras_callbacks.sync_mode import SyncMode
+
+    with pytest.raises(ValueError, match="unknown sync mode 'nope'"):
+        SyncMode(schedule={2: "nope"})
+    with pytest.raises(ValueError, match="epochs"):
+        SyncMode(schedule={-1: "allreduce"})
+    with pytest.raises(ValueError, match="unknown option"):
+        SyncMode(schedule={1: ("ripples-static", {"group": 3})})
+    assert SyncMode(schedule={3: ("esync", {"epsilon": 0.01})}).schedule == {3: ("esync", {"epsilon": 0.01})}
