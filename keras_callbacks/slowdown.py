@@ -1,7 +1,7 @@
 """Heterogeneity injection, following the papers' own protocols so benchmarks compare with their figures.
 
-Four modes, all seeded and all per batch (the sleep happens in ``on_train_batch_begin``, i.e. it lengthens the
-step's compute the way a slower GPU would, before the step's synchronization):
+Four modes, all seeded and all per step (under hetsync the sleep runs inside the train step, as a slower GPU's
+compute would, before the step's synchronization; on a plain Horovod model, in ``on_train_batch_begin``):
 
 * ``deterministic`` (Ripples §7.4): the given ``ranks`` are ``factor`` times slower: each of their batches sleeps
   (factor - 1) x the normal iteration time.  ``factors`` (one per rank, e.g. ESync's capacities 1:2:3:5) gives every
@@ -35,13 +35,36 @@ def _in_step():
     ops.set_availability(ops.IN_STEP)
 
 
+class _PerIteration(tf.keras.callbacks.Callback):
+    """Acts once per local iteration.  Under hetsync's fit hook (``per_local_iteration`` set) the hook calls
+    ``on_local_iteration_begin``/``_end`` inside the train step -- once per Keras step, or per local iteration in
+    modes that take several per step (ESync) -- so the delay counts as the step's compute.  Without it (a plain
+    Horovod model) they run around each Keras batch."""
+
+    per_local_iteration = False
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if not self.per_local_iteration:
+            self.on_local_iteration_begin()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self.per_local_iteration:
+            self.on_local_iteration_end()
+
+    def on_local_iteration_begin(self):
+        pass
+
+    def on_local_iteration_end(self):
+        pass
+
+
 def _rank_size():
     import horovod.tensorflow as hvd
 
     return hvd.rank(), hvd.size()
 
 
-class Slowdown(tf.keras.callbacks.Callback):
+class Slowdown(_PerIteration):
     """Makes some workers slower, per batch, the way the papers do.  See the module docstring for the modes."""
 
     def __init__(self, mode="deterministic", ranks=(0,), factor=5.0, probability=None, delay_range=(0.05, 0.4),
@@ -105,17 +128,8 @@ class Slowdown(tf.keras.callbacks.Callback):
             return None
         return float(np.median(self._warm_times))
 
-    def on_train_batch_begin(self, batch, logs=None):
-        if not self.per_local_iteration:
-            self.on_local_iteration_begin()
-
-    def on_train_batch_end(self, batch, logs=None):
-        if not self.per_local_iteration:
-            self.on_local_iteration_end()
-
     def on_local_iteration_begin(self):
-        """Before one local iteration.  In most modes that is a Keras batch; in modes that take several local
-        iterations per Keras step (ESync) hetsync's fit hook calls it per iteration (``per_local_iteration``)."""
+        """Before one local iteration (see _PerIteration: inside the train step under hetsync)."""
         delay = self.delay_for_step(self._step)
         if delay > 0:
             _in_step()
@@ -129,7 +143,7 @@ class Slowdown(tf.keras.callbacks.Callback):
         self._step += 1
 
 
-class EmulatedCompute(tf.keras.callbacks.Callback):
+class EmulatedCompute(_PerIteration):
     """Adds a fixed sleep to every step of every worker, standing for model compute the machine does not have.
 
     Benchmarks use it so that 8 workers fit on 2 CPU cores: most of a step is this sleep, so ranks do not fight for
@@ -144,20 +158,13 @@ class EmulatedCompute(tf.keras.callbacks.Callback):
         self.seconds = seconds
         self.per_local_iteration = False  # set by hetsync's fit hook (see Slowdown.on_local_iteration_begin)
 
-    def on_train_batch_begin(self, batch, logs=None):
-        if not self.per_local_iteration:
-            self.on_local_iteration_begin()
-
-    def on_local_iteration_end(self):
-        pass
-
     def on_local_iteration_begin(self):
         if self.seconds:
             _in_step()
             time.sleep(self.seconds)
 
 
-class PhasedSlowdown(tf.keras.callbacks.Callback):
+class PhasedSlowdown(_PerIteration):
     """A heterogeneity that changes during the job: ``phases`` = [(steps, Slowdown or None), ...].
 
     Phase i lasts ``steps`` Keras steps of the job (hetsync's step count, the same on every rank), or with
@@ -200,14 +207,6 @@ class PhasedSlowdown(tf.keras.callbacks.Callback):
         from hetsync import fit_hook
 
         return self.phases[self.phase_at(fit_hook.position())][1]
-
-    def on_train_batch_begin(self, batch, logs=None):
-        if not self.per_local_iteration:
-            self.on_local_iteration_begin()
-
-    def on_train_batch_end(self, batch, logs=None):
-        if not self.per_local_iteration:
-            self.on_local_iteration_end()
 
     def on_local_iteration_begin(self):
         self._active = self._current()

@@ -13,7 +13,7 @@ def test_allreduce_matches_horovod_and_ripples_static_wiring():
 
 
 def test_ripples_static_reaches_target_and_uneven_workers_end_together():
-    proc = run_mpi(4, "tests/mpi/keras_ripples_train.py", 0.35, launcher="horovodrun", timeout=400)
+    proc = run_mpi(4, "tests/mpi/keras_ripples_train.py", 0.35, timeout=400)
     assert_ok(proc, 4)
 
 
@@ -31,12 +31,12 @@ def test_example_training_script_with_slowdown(tmp_path):
 
 
 def test_ripples_random_group_generator_trains_with_a_slow_rank():
-    proc = run_mpi(4, "tests/mpi/keras_gg_train.py", "ripples-random", 0.4, launcher="horovodrun", timeout=300)
+    proc = run_mpi(4, "tests/mpi/keras_gg_train.py", "ripples-random", 0.4, timeout=300)
     assert_ok(proc, 4)
 
 
 def test_ripples_smart_group_generator_keeps_fast_ranks_going():
-    proc = run_mpi(4, "tests/mpi/keras_gg_train.py", "ripples-smart", 0.4, launcher="horovodrun", timeout=300)
+    proc = run_mpi(4, "tests/mpi/keras_gg_train.py", "ripples-smart", 0.4, timeout=300)
     assert_ok(proc, 4)
 
 
@@ -59,22 +59,21 @@ def test_hop_hybrid_with_a_slow_rank_trains_in_fit_and_bad_options_raise_everywh
     """sync='hop' (staleness + backup workers + skipping) in Keras' fit with rank 3 5x slower: one model, a loss
     target (allreduce reaches ~0.7 in the same 80 steps; the untrained loss is 2.3), the slow rank jumps; and
     options that need the world size raise ValueError on every rank."""
-    proc = run_mpi(4, "tests/mpi/keras_hop.py", 0.9, launcher="horovodrun", timeout=300)
+    proc = run_mpi(4, "tests/mpi/keras_hop.py", 0.9, timeout=300)
     assert_ok(proc, 4)
 
 
-@pytest.mark.parametrize("variant", ["blocking", "non-blocking"])
-def test_esync_local_steps_lockstep_numpy_aggregation_and_dead_rank(variant):
+def test_esync_local_steps_lockstep_numpy_aggregation_and_dead_rank():
     """ESync with rank 3 5x slower: ~5 local iterations per round on the fast ranks, 1 on the slow one, the same
     model on every rank after every round, eqs. 6-8 against numpy, a loss target; the blocking run then checks
     that a hung rank is named by the others' aggregation within its timeout (tests/mpi/keras_esync.py)."""
-    proc = run_mpi(4, "tests/mpi/keras_esync.py", variant, launcher="horovodrun", timeout=300)
+    proc = run_mpi(4, "tests/mpi/keras_esync.py", timeout=400)
     assert_ok(proc, 4)
 
 
 def test_od_sgd_warmup_is_horovod_replays_numpy_overlaps_and_names_a_dead_rank():
     """OD-SGD on 3 ranks (tests/mpi/keras_od_sgd.py).  Horovod's tensor fusion is off: with fusion, Horovod's own
     3-rank reductions are not reproducible run to run, and the warm-up is compared with Horovod bit for bit."""
-    proc = run_mpi(3, "tests/mpi/keras_od_sgd.py", launcher="horovodrun", timeout=300,
+    proc = run_mpi(3, "tests/mpi/keras_od_sgd.py", timeout=300,
                    env=mpi_env(HOROVOD_FUSION_THRESHOLD="0"))
     assert_ok(proc, 3)

@@ -15,7 +15,7 @@ def test_every_ordered_pair_switches_at_epoch_ends_and_mid_epoch():
     again mid-epoch (requests from rotating ranks); optimizer slots and iterations carry over bit for bit;
     concurrent requests give one switch; unknown mode / bad option raise on the requesting rank only; every rank
     switches at the same steps and ends with one model under the loss target (tests/mpi/keras_switch.py)."""
-    proc = run_mpi(4, "tests/mpi/keras_switch.py", "all", launcher="horovodrun", timeout=600)
+    proc = run_mpi(4, "tests/mpi/keras_switch.py", "all", timeout=600)
     assert_ok(proc, 4)
 
 
@@ -24,7 +24,7 @@ def test_auto_follows_a_straggler_and_back_and_the_report_shows_it(tmp_path):
     when it recovers (tests/mpi/keras_auto.py); then `hetsync report` turns the run's records into a PNG and a
     Markdown summary naming both switches."""
     logdir = tmp_path / "logs"
-    proc = run_mpi(4, "tests/mpi/keras_auto.py", str(logdir), launcher="horovodrun", timeout=400)
+    proc = run_mpi(4, "tests/mpi/keras_auto.py", str(logdir), timeout=400)
     assert_ok(proc, 4)
     assert (logdir / "hetsync" / "rank0").is_dir()  # TensorBoard scalars beside the user's TensorBoard logs
     out = subprocess.run([sys.executable, "-m", "hetsync.cli", "report", str(logdir)], cwd=ROOT,

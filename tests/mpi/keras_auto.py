@@ -25,7 +25,7 @@ import keras_callbacks  # noqa: E402
 from common import shard, task  # noqa: E402
 
 COMPUTE, SLOW, FACTOR = 0.02, 3, 5
-PHASES = (60, 80, 260)
+PHASES = (50, 70, 180)
 
 
 def main():
@@ -36,8 +36,8 @@ def main():
     (x, y, x_test, y_test), build, loss, metrics = task("digits", 0)
     tf.keras.utils.set_random_seed(0)
     model = build()
-    opt = hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.05, momentum=0.9), sync="auto", window=2.0,
-                                       settle=0.5, min_interval=2.0)
+    opt = hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.05, momentum=0.9), sync="auto", window=1.5,
+                                       settle=0.5, min_interval=1.5)
     model.compile(opt, loss=loss, metrics=metrics)
     slow = keras_callbacks.Slowdown("deterministic", ranks=[SLOW], factor=FACTOR, base_time=COMPUTE)
     phased = keras_callbacks.PhasedSlowdown([(PHASES[0], None), (PHASES[1], slow), (PHASES[2], None)])

@@ -6,8 +6,8 @@ Checked on every rank:
 - the aggregation's arithmetic against numpy: w_{t+1} = w_t + ε·mean_i(w_local_i - w_t) (eqs. 6-8, ε = 0.8),
   with every rank's w_local gathered just before the aggregation;
 - the consensus model reaches a loss target.
-Argument ``non-blocking``: the same with §4.2's non-blocking query (target and lockstep only).
-Then (blocking run only) a second fit in which rank 3 hangs at its 4th step: the others fail within ``timeout``
+First the same with §4.2's non-blocking query (target and lockstep only), then the blocking run and
+(blocking run only) a second fit in which rank 3 hangs at its 4th step: the others fail within ``timeout``
 with an error naming worker 3, and nobody is left inside a Horovod collective.
 Prints OK rank=R.
 """
@@ -27,7 +27,6 @@ import hetsync  # noqa: E402
 import keras_callbacks  # noqa: E402
 from common import shard, task  # noqa: E402
 
-NON_BLOCKING = len(sys.argv) > 1 and sys.argv[1] == "non-blocking"
 SLOW, FACTOR, BASE = 3, 5, 0.04
 EPS = 0.8
 
@@ -71,8 +70,16 @@ def check_aggregation(algo, model, rounds):
 
 
 def main():
+    """Both variants in one job (one start-up): non-blocking first, then blocking and the hung rank."""
     hvd.init()
     hetsync.init()
+    for non_blocking in (True, False):
+        run(non_blocking)
+    print(f"OK rank={hvd.rank()}", flush=True)
+    hetsync.shutdown()
+
+
+def run(NON_BLOCKING):  # noqa: N803 (the variant's flag, as the checks below read it)
     rank, size = hvd.rank(), hvd.size()
     (x, y, x_test, y_test), build, loss, metrics = task("digits", 0)
     tf.keras.utils.set_random_seed(0)
@@ -112,8 +119,6 @@ def main():
         check_dead_rank(build, loss, x, y, rank, size)
         # Nobody was left inside a Horovod collective: one more completes on every rank.
         assert float(hvd.allreduce(tf.constant(1.0), op=hvd.Sum, name="after_dead")) == size
-    print(f"OK rank={rank}", flush=True)
-    hetsync.shutdown()
 
 
 class Hang(tf.keras.callbacks.Callback):

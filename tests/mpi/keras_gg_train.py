@@ -48,7 +48,7 @@ def main():
     steps = 80 if rank == SLOW else 160
     probe = ProgressProbe(opt._hetsync_algorithm, steps)
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
-                 keras_callbacks.Slowdown("deterministic", ranks=[SLOW], factor=10, base_time=0.02),
+                 keras_callbacks.Slowdown("deterministic", ranks=[SLOW], factor=10, base_time=0.01),
                  probe, keras_callbacks.Consensus(every=None)]
     m.fit(shard(x, y, rank, size, 32, 0), steps_per_epoch=steps, epochs=1, verbose=0, callbacks=callbacks)
     final = m.evaluate(xt, yt, verbose=0, return_dict=True)
