@@ -11,11 +11,16 @@ p = 1/n on every worker for the last third.  For each run it reports:
   heterogeneity-report records (keras_callbacks.HeterogeneityReport, every 0.5 s) whose step is in the phase (a
   worker's first record, which holds the job's start-up and first tracing, is left out; the tracing of a mode a
   switch enters for the first time stays in: auto pays it);
-* for auto, its switches (step, target, the policy's evidence) and ``hetsync report``'s PNG of its run.
+* for auto, its switches (step, target, the policy's evidence) and ``hetsync report``'s PNG of its run
+  (``<out>/auto/hetsync_report.png``).
 
-Goal (issue 10): auto within 5% of the best fixed mode's throughput on each phase, and a shorter time to target
-than every fixed mode on the whole run.  Writes results.json, results.md and the report PNG under --out; prints a
-line per run with an ETA.
+Part ``stationary``: each phase's scenario alone for the whole run (homogeneous; the last worker 5x slower; random 6x
+slowdowns), time to target of each fixed mode of ``--stationary-modes`` and of auto.
+
+Goal (issue 10): on each phase auto within 5% of the best fixed mode -- read here as the time to target on that
+phase's scenario alone (throughput alone would crown a mode that processes samples fast and converges slowly) --
+and on the changing run a shorter time to target than every fixed mode.  Writes results.json and results.md under
+--out; prints a line per run with an ETA.
 """
 import glob
 import json
@@ -27,7 +32,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
-from bench_eager import Progress, first_time, parser, train, warm, write_results  # noqa: E402
+from bench_eager import Progress, chosen_parts, first_time, parser, train, warm, write_results  # noqa: E402
 from benchmark import mean_curve  # noqa: E402
 
 FIXED = ("allreduce", "esync", "eager-solo", "hop", "ripples-smart")
@@ -51,12 +56,20 @@ def phase_throughput(report_dir, steps, batch):
     return out
 
 
-def run(args, label, mode, extra, progress):
+STATIONARY = {"homogeneous": [], "straggler": ["--slowdown", "deterministic", "--slow-ranks", "{last}"],
+              "random": ["--slowdown", "random", "--factor", "6"]}
+
+
+def run(args, label, mode, extra, progress, scenario="changing"):
     log_dir = os.path.join(args.out, label)
     report_dir = os.path.join(log_dir, "report")
-    slowdown = ["--compute-time", str(args.base_time), "--base-time", str(args.base_time), "--scenario",
-                "changing", "--factor", str(args.factor), "--report-dir", report_dir] + extra
-    summaries, curves = train(args, mode, "digits", log_dir, slowdown)
+    slowdown = ["--compute-time", str(args.base_time), "--base-time", str(args.base_time), "--factor",
+                str(args.factor), "--report-dir", report_dir]
+    if scenario == "changing":
+        slowdown += ["--scenario", "changing"]
+    else:
+        slowdown += [a.format(last=args.workers - 1) for a in STATIONARY[scenario]]
+    summaries, curves = train(args, mode, "digits", log_dir, slowdown + extra)
     loss = mean_curve(curves, 1)  # rows: time, loss, accuracy, step
     start = warm(curves, args)
     reached = first_time(loss, lambda v: v <= args.target_loss)
@@ -68,11 +81,35 @@ def run(args, label, mode, extra, progress):
 
         _, _, switches = summarize(load(report_dir))
         r["switches"] = [(s["position"], s["to"], s["reason"]) for s in switches]
-        r["report_png"], _ = write_report(report_dir, args.out)
+        r["report_png"], _ = write_report(report_dir, log_dir)
     t = "not reached" if r["time_to_target"] is None else f"{r['time_to_target']:.1f} s"
     phases = ", ".join(f"{p} {v:.0f}" for p, v in zip(PHASES, r["phase_samples_per_s"]))
     progress.step(f"{label}: time to loss {args.target_loss}: {t}; samples/s by phase: {phases}")
     return r
+
+
+def stationary(args, modes, auto_opts, progress):
+    """Each phase's scenario alone, for the whole run: time to target of every mode and of auto."""
+    out = {}
+    for scenario in PHASES:
+        out[scenario] = {m: run(args, f"{scenario}-{m}", m, auto_opts if m == "auto" else [], progress, scenario)
+                         for m in modes + ["auto"]}
+    return out
+
+
+def stationary_markdown(results, args):
+    lines = ["", f"Each phase alone ({args.steps} steps): time to loss {args.target_loss}", "",
+             "| scenario | " + " | ".join(results[PHASES[0]]) + " | auto / best fixed |",
+             "|---|" + "---|" * (len(results[PHASES[0]]) + 1)]
+    for scenario, runs in results.items():
+        times = {m: r["time_to_target"] for m, r in runs.items()}
+        fixed = {m: t for m, t in times.items() if m != "auto" and t is not None}
+        best = min(fixed, key=fixed.get) if fixed else None
+        ratio = (f"{times['auto'] / fixed[best]:.2f}x of {best}" if best and times["auto"] is not None
+                 else "n/a")
+        cells = " | ".join("not reached" if t is None else f"{t:.1f} s" for t in times.values())
+        lines.append(f"| {scenario} | {cells} | {ratio} |")
+    return "\n".join(lines)
 
 
 def markdown(results, args):
@@ -103,7 +140,9 @@ def markdown(results, args):
 
 
 def main(argv=None):
-    p = parser(__doc__, ("switch",), 300, "results/switch")
+    p = parser(__doc__, ("changing", "stationary"), 300, "results/switch")
+    p.add_argument("--stationary-modes", default="allreduce,esync,eager-solo",
+                   help="the fixed modes of the stationary part (each phase's scenario alone)")
     p.add_argument("--base-time", type=float, default=0.03, help="emulated compute per step, s")
     p.add_argument("--factor", type=float, default=5.0)
     p.add_argument("--lr", type=float, default=0.1)
@@ -112,12 +151,21 @@ def main(argv=None):
     args = p.parse_args(argv)
     args.lr = {"digits": args.lr}
     os.makedirs(args.out, exist_ok=True)
+    parts = chosen_parts(p, args, ("changing", "stationary"))
     modes = [m for m in args.modes.split(",") if m]
-    progress = Progress(len(modes) + 1)
-    results = {m: run(args, m, m, [], progress) for m in modes}
+    still = [m for m in args.stationary_modes.split(",") if m]
+    runs = (len(modes) + 1 if "changing" in parts else 0) + (3 * (len(still) + 1) if "stationary" in parts else 0)
+    progress = Progress(runs)
     auto_opts = ["--sync-option", "window=3.0", "--sync-option", "min_interval=3.0", "--sync-option", "settle=1.0"]
-    results["auto"] = run(args, "auto", "auto", auto_opts, progress)
-    text = markdown(results, args)
+    results, text = {}, ""
+    if "changing" in parts:
+        changing = {m: run(args, m, m, [], progress) for m in modes}
+        changing["auto"] = run(args, "auto", "auto", auto_opts, progress)
+        results["changing"] = changing
+        text += markdown(changing, args)
+    if "stationary" in parts:
+        results["stationary"] = stationary(args, still, auto_opts, progress)
+        text += stationary_markdown(results["stationary"], args)
     write_results(args, results, text)
     print(text)
 

@@ -31,7 +31,7 @@ from common import shard, task  # noqa: E402
 
 SLOW, FACTOR, BASE = 3, 5, 0.004
 STEPS_PER_EPOCH = 3
-GAP = 2  # steps a mode runs before the next request
+GAP = 1  # steps a mode runs before the next request
 
 
 def circuit(nodes):
