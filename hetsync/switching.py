@@ -34,7 +34,10 @@ def _hvd():
 
 
 def key_of(mode, options):
-    return mode, json.dumps(options or {}, sort_keys=True)
+    """(mode, canonical options JSON): the family's cache key, as the Switch Board compares requests."""
+    from hetsync.coordinator.switchboard import canonical
+
+    return mode, canonical(options)
 
 
 def parse_target(value):
@@ -69,7 +72,6 @@ class Family:
         self.applied = 0                    # id of the last Switch Board decision carried out here
         self.pending = None                 # the decision this rank will carry out at its step ``at``
         self.history = []                   # switches done on this rank (dicts), for reports
-        self.switch_requests = []           # (mode, status) of this rank's requests
 
     # -- entries ----------------------------------------------------------------------------------------------
     def validate(self, mode, options):

@@ -10,14 +10,9 @@ schedule and sends requests to the Switch Board (hetsync/coordinator/switchboard
 every rank switches.  Rule for several requests: the first one the board receives wins; requests that arrive
 before that switch has been carried out on every rank are dropped (``request`` returns "superseded").
 """
-import json
 import sys
 
 import tensorflow as tf
-
-
-def _canonical(options):
-    return json.dumps(options or {}, sort_keys=True)
 
 
 class SyncMode(tf.keras.callbacks.Callback):
@@ -59,8 +54,9 @@ class SyncMode(tf.keras.callbacks.Callback):
         family = self._sync_points.family if self._sync_points is not None else None
         _validate(mode, options, family)
         from hetsync import _runtime
+        from hetsync.coordinator.switchboard import canonical
 
-        status, pending = _runtime.services().switch_client().request(mode, _canonical(options))
+        status, pending = _runtime.services().switch_client().request(mode, canonical(options))
         self.requests.append((mode, options, status))
         if status != "accepted" and self.verbose:
             extra = f" (switch to {pending} pending)" if pending else ""
