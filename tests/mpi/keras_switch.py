@@ -90,6 +90,12 @@ class Checks(tf.keras.callbacks.Callback):
         self._check_switch()
         self._iterations()
 
+    def on_epoch_end(self, epoch, logs=None):
+        # all switches done (both circuits and the concurrent one): stop.  Every rank applies a switch at the same
+        # step, so every rank sees the same history at the same epoch end and all stop together.
+        if len(self.switch.history) >= 2 * self.part1 + 1:
+            self.model.stop_training = True
+
     def on_train_batch_end(self, batch, logs=None):
         self._check_switch()
         self._iterations()
@@ -131,12 +137,15 @@ def main():
     schedule = {e: route[e] for e in range(1, part1 + 1)}  # epoch e starts with route[e]: every pair, at epoch ends
     switch = keras_callbacks.SyncMode(schedule=schedule)
     checks = Checks(switch, route, part1)
-    epochs = part1 + 1 + (len(route) + 2) * (GAP + 4) // STEPS_PER_EPOCH + 4
+    # an upper bound (Checks stops the fit once the last switch is done): a mid-epoch switch takes GAP steps plus
+    # the negotiation, a few steps while the slow rank catches up ("superseded" until it has applied the last one)
+    epochs = part1 + 1 + (len(route) + 2) * (GAP + 10) // STEPS_PER_EPOCH
     slow = keras_callbacks.Slowdown("deterministic", ranks=[SLOW], factor=FACTOR, base_time=BASE)
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), switch, slow, checks]
     model.fit(shard(x, y, rank, size, 32, 0), steps_per_epoch=STEPS_PER_EPOCH, epochs=epochs,
               callbacks=callbacks, verbose=0)
     history = switch.history
+    assert checks.epoch + 1 < epochs, f"ran out of epochs after {len(history)} switches"
     pairs = [(h["from"], h["to"]) for h in history]
     everyone = hvd_tf.allgather_object([(p, h["position"]) for p, h in zip(pairs, history)])
     assert all(e == everyone[0] for e in everyone), f"ranks switched differently:\n{everyone}"
