@@ -20,7 +20,7 @@ build:
 	$(MAKE) -C tf_ops PYTHON=$(abspath $(PY))
 
 test: install
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15 tests
 
 demo: install
 	$(PY) examples/benchmark.py --preset demo --out results/demo

@@ -239,9 +239,9 @@ class SyncPoints(_callback_base()):
         self._wrap_train_function()
 
     def _start_switching(self):
-        """Live switches need every rank to report after every step: all ranks or none (checked here, once per
-        fit, with one small Horovod allreduce), else a switch would wait forever for a rank that never hears of
-        it."""
+        """Live switches need every rank to report to the Switch Board, at the same cadence: all ranks or none
+        (checked here, once per fit, with one small Horovod allgather), else a switch would wait forever for a
+        rank that never hears of it."""
         import tensorflow as tf
 
         from keras_callbacks.sync_mode import SyncMode
@@ -254,8 +254,13 @@ class SyncPoints(_callback_base()):
         wanted = self.family is not None and (bool(modes) or self.family.auto is not None)
         hvd = _hvd()
         _STATE["switch_checks"] = _STATE.get("switch_checks", 0) + 1
-        flags = hvd.allgather(tf.constant([1 if wanted else 0], tf.int32),
-                              name=f"hetsync.switching.{_STATE['switch_checks']}").numpy().tolist()
+        every = self.family.report_every if self.family is not None else 1
+        both = hvd.allgather(tf.constant([1 if wanted else 0, every], tf.int32),
+                             name=f"hetsync.switching.{_STATE['switch_checks']}").numpy().tolist()
+        flags, cadences = both[0::2], both[1::2]
+        if wanted and len(set(cadences)) > 1:
+            raise ValueError(f"sync='auto' report_every differs between ranks: {cadences}; pass the same "
+                             "options on every rank")
         if len(set(flags)) > 1:
             raise ValueError(f"ranks {[r for r, f in enumerate(flags) if f]} have a keras_callbacks.SyncMode "
                              f"callback (or sync='auto') and ranks {[r for r, f in enumerate(flags) if not f]} do "
@@ -268,13 +273,16 @@ class SyncPoints(_callback_base()):
 
     # -- live switches --------------------------------------------------------------------------------------
     def _report(self):
-        """After every step: tell the Switch Board where this rank is; carry out its decision at its step."""
+        """After every ``family.report_every``-th step (switchboard.py, "Report cadence"): tell the Switch Board
+        where this rank is; carry out its decision at its step."""
         family = self.family
-        mode, options = family.current
-        samples = self.clock.take_samples() if family.auto is not None else ()
-        d = self.board.report(self.position, family.applied, mode, options, samples)
-        if d.id and d.id > family.applied:
-            family.pending = d
+        every = family.report_every
+        if self.position % every == 0:
+            mode, options = family.current
+            samples = self.clock.take_samples() if family.auto is not None else ()
+            d = self.board.report(self.position, family.applied, mode, options, samples, every)
+            if d.id and d.id > family.applied:
+                family.pending = d
         d = family.pending
         if d is None:
             return
@@ -287,7 +295,7 @@ class SyncPoints(_callback_base()):
             self.switch_to(d.mode, json.loads(d.options_json), d.reason, d.id)
             family.applied, family.pending = d.id, None
             # Every rank passed the switch's consensus round: say so now, so the board takes the next request.
-            self.board.report(self.position, family.applied, d.mode, d.options_json)
+            self.board.report(self.position, family.applied, d.mode, d.options_json, (), every)
 
     def switch_to(self, mode, options, reason, decision_id=None):
         """Collective: every rank calls it at the same point (hetsync/switching.py)."""

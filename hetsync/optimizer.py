@@ -2,7 +2,8 @@
 from hetsync.algorithms import horovod_kwargs
 
 AUTO_OPTIONS = ("candidates", "window", "min_interval", "settle", "min_samples", "straggler_ratio",
-                "straggler_exit", "random_fraction", "random_exit", "slow_sample_ratio")
+                "straggler_exit", "random_fraction", "random_exit", "slow_sample_ratio", "report_every")
+REPORT_EVERY = 8  # sync="auto": steps between a rank's Switch Board reports (switchboard.py, "Report cadence")
 
 
 def DistributedOptimizer(optimizer, sync="allreduce", **options):  # noqa: N802 (Horovod's name)
@@ -15,8 +16,8 @@ def DistributedOptimizer(optimizer, sync="allreduce", **options):  # noqa: N802 
         between ``candidates`` as the job's heterogeneity changes (README "sync='auto'").
       **options: the mode's options (see README); unknown ones raise ValueError listing the valid ones.  With
         ``sync="auto"``: ``candidates`` ({"homogeneous"|"straggler"|"random": mode or (mode, options)}),
-        ``window`` (seconds of samples the policy looks at), ``min_interval`` (seconds between switches) and the
-        policy's thresholds.  Horovod's DistributedOptimizer keywords are accepted by every mode and kept across
+        ``window`` (seconds of samples the policy looks at), ``min_interval`` (seconds between switches), the
+        policy's thresholds and ``report_every`` (steps between a rank's reports to the Switch Board, 8).  Horovod's DistributedOptimizer keywords are accepted by every mode and kept across
         live switches.
 
     Returns:
@@ -44,10 +45,14 @@ def _auto(optimizer, hvd_kwargs, options):
     if unknown:
         raise ValueError(f"unknown option(s) {unknown} for sync='auto'; valid options: {', '.join(AUTO_OPTIONS)}; "
                          "and Horovod DistributedOptimizer keyword arguments")
+    options = dict(options)
+    every = options.pop("report_every", REPORT_EVERY)
+    if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+        raise ValueError(f"report_every must be an int >= 1 (steps), got {every!r}")
     _runtime.require_init("sync='auto'")
     services = _runtime.services()
     policy = AutoPolicy(services.size, **options)  # checks the settings and candidates here, on every rank
-    family = Family(optimizer, hvd_kwargs, auto=dict(options))
+    family = Family(optimizer, hvd_kwargs, auto=dict(options), report_every=every)
     for mode, mode_options in policy.candidates.values():
         family.validate(mode, mode_options)
     if services.rank == 0:

@@ -63,10 +63,11 @@ class Entry:
 class Family:
     """The optimizers one ``hetsync.DistributedOptimizer`` call stands for: one per mode the job uses."""
 
-    def __init__(self, base_optimizer, horovod_kwargs, auto=None):
+    def __init__(self, base_optimizer, horovod_kwargs, auto=None, report_every=1):
         self.base = base_optimizer
         self.horovod_kwargs = dict(horovod_kwargs)
         self.auto = auto                    # sync="auto": the policy's settings (dict), else None
+        self.report_every = int(report_every)  # Switch Board report cadence (steps), the same on every rank
         self.entries = {}
         self.current = None                 # key of the mode in force
         self.applied = 0                    # id of the last Switch Board decision carried out here

@@ -26,8 +26,9 @@ from hetsync.coordinator.switchboard import ACCEPTED, SUPERSEDED, UNCHANGED, Swi
 MODES = ["allreduce", "hop", "esync", "eager-solo"]
 
 
-def simulate(n, speeds, steps, requests, collective_every, seed):
-    """Returns (board, per-rank list of (decision id, position) carried out, request statuses)."""
+def simulate(n, speeds, steps, requests, collective_every, seed, every=1):
+    """Returns (board, per-rank list of (decision id, position) carried out, request statuses); ranks report at
+    multiples of ``every`` only (the report cadence) and carry out a known decision at its step without a report."""
     rng = random.Random(seed)
     board = SwitchBoard(n)
     pos, applied, mode = [0] * n, [0] * n, ["allreduce"] * n
@@ -35,6 +36,7 @@ def simulate(n, speeds, steps, requests, collective_every, seed):
     waiting = {}            # barrier key -> ranks waiting
     events = [(speeds[r] * rng.uniform(0.5, 1.5), r) for r in range(n)]
     heapq.heapify(events)
+    known = [None] * n      # the decision each rank learned and has yet to carry out
     pending_requests = sorted(requests)
     statuses = []
     now = 0.0
@@ -49,15 +51,19 @@ def simulate(n, speeds, steps, requests, collective_every, seed):
             _, who, target = pending_requests.pop(0)
             statuses.append(board.request(who, target))
         pos[r] += 1
-        d = board.report(r, pos[r], applied[r], mode[r], "{}", now=now)
+        if pos[r] % every == 0:
+            d = board.report(r, pos[r], applied[r], mode[r], "{}", now=now, every=every)
+            if d is not None:
+                known[r] = d
+        d = known[r]
         barrier = None
         if d is not None:
-            assert pos[r] <= d.at
+            assert pos[r] <= d.at, f"rank {r} at {pos[r]} passed switch {d.id} at {d.at}"
             if pos[r] == d.at:
                 barrier = ("switch", d.id)
-                applied[r], mode[r] = d.id, d.mode
+                applied[r], mode[r], known[r] = d.id, d.mode, None
                 done[r].append((d.id, pos[r]))
-                board.report(r, pos[r], applied[r], mode[r], "{}", now=now)
+                board.report(r, pos[r], applied[r], mode[r], "{}", now=now, every=every)
         if barrier is None and pos[r] % collective_every == 0:
             barrier = ("collective", pos[r])
         if pos[r] >= steps and barrier is None:
@@ -73,12 +79,12 @@ def simulate(n, speeds, steps, requests, collective_every, seed):
 
 @settings(max_examples=60, deadline=None)
 @given(n=st.integers(2, 8), seed=st.integers(0, 10_000), slow=st.floats(1.0, 6.0),
-       collective_every=st.integers(2, 9), requests=st.lists(
+       collective_every=st.integers(2, 9), every=st.sampled_from([1, 1, 3, 8]), requests=st.lists(
            st.tuples(st.floats(0.0, 60.0), st.integers(0, 7), st.sampled_from(MODES)), max_size=12))
-def test_every_rank_switches_at_the_same_steps(n, seed, slow, collective_every, requests):
+def test_every_rank_switches_at_the_same_steps(n, seed, slow, collective_every, every, requests):
     speeds = [1.0] * (n - 1) + [slow]
     requests = [(t, who % n, mode) for t, who, mode in requests]
-    board, done, statuses, pos = simulate(n, speeds, 80, requests, collective_every, seed)
+    board, done, statuses, pos = simulate(n, speeds, 80, requests, collective_every, seed, every)
     assert all(d == done[0] for d in done), f"ranks carried out different switches: {done}"
     ids = [i for i, _ in done[0]]
     assert ids == list(range(1, len(ids) + 1))

@@ -80,3 +80,11 @@ def test_sync_mode_schedule_and_auto_settings_are_checked():
     with pytest.raises(ValueError, match="unknown option"):
         SyncMode(schedule={1: ("ripples-static", {"group": 3})})
     assert SyncMode(schedule={3: ("esync", {"epsilon": 0.01})}).schedule == {3: ("esync", {"epsilon": 0.01})}
+    # sync="auto"'s own settings are checked before anything starts (optimizer._auto: no fit hook installed here)
+    from hetsync.optimizer import _auto
+
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="report_every must be an int >= 1"):
+            _auto(None, {}, {"report_every": bad})
+    with pytest.raises(ValueError, match="unknown option.*'windw'"):
+        _auto(None, {}, {"windw": 3})

@@ -48,7 +48,7 @@ class SwitchServicer(pb2_grpc.SwitchBoardServicer):
         def report(board):
             samples = list(zip(request.sample_time, request.sample_compute_s))
             d = board.report(request.worker, request.position, request.applied, request.mode or None,
-                             request.options_json or "{}", samples, self._clock())
+                             request.options_json or "{}", samples, self._clock(), request.every or 1)
             if d is None:
                 return pb2.SwitchDecision(id=0)
             return pb2.SwitchDecision(id=d.id, mode=d.mode, options_json=d.options, at=d.at, by=d.by,
@@ -81,11 +81,11 @@ class SwitchClient:
                                                               options_json=options_json), timeout=self.timeout)
         return reply.status, reply.pending_mode
 
-    def report(self, position, applied, mode, options_json, samples=()):
+    def report(self, position, applied, mode, options_json, samples=(), every=1):
         """The decision this rank has yet to carry out (a SwitchDecision; ``id == 0``: none)."""
         return self._stub.SwitchReport(pb2.SwitchReportMsg(
             secret=self.secret, worker=self.worker, position=int(position), applied=int(applied), mode=mode,
-            options_json=options_json, sample_time=[t for t, _ in samples],
+            options_json=options_json, every=int(every), sample_time=[t for t, _ in samples],
             sample_compute_s=[c for _, c in samples]), timeout=self.timeout)
 
     def configure(self, policy):

@@ -11,6 +11,11 @@ included) and reports it to the board after every step, before the next one star
 is at most one past its last report, and ``at = max(last reported positions) + 1`` is a step no rank has passed:
 every rank learns the decision at its next report and switches at the end of step ``at``.
 
+Report cadence ``every`` = k (``sync="auto"``'s ``report_every``; 1 otherwise): a rank reports only at positions
+that are multiples of k (and once right after a switch, at ``at``), so a rank is at most k steps past its last
+report, and ``at`` = the first multiple of k after the largest reported position: every rank's next report is at
+or before it.  One report per k steps costs rank 0's server (which shares a core with a worker) k times less.
+
 Requests (the rule, README): the first request the board receives is decided at the next report; requests that
 arrive while a decision is pending (made, not yet carried out by every rank) or before it is made are dropped as
 *superseded* -- concurrent requests from several ranks give one switch.  A request for the mode already in force
@@ -53,6 +58,7 @@ class SwitchBoard:
         self.decision = None                # the decision not yet carried out by every rank
         self.history = []                   # every decision, in order
         self.requests = {ACCEPTED: 0, SUPERSEDED: 0, UNCHANGED: 0}
+        self.every = 1                      # the ranks' report cadence (the largest any rank reported)
 
     def _check_rank(self, rank):
         if not 0 <= rank < self.size:
@@ -75,11 +81,12 @@ class SwitchBoard:
         return status
 
     # -- reports ----------------------------------------------------------------------------------------------
-    def report(self, rank, position, applied, mode=None, options=None, samples=(), now=0.0):
+    def report(self, rank, position, applied, mode=None, options=None, samples=(), now=0.0, every=1):
         """Rank ``rank`` finished step ``position`` (having carried out decisions up to ``applied``), running
-        ``mode``; ``samples`` are (time, compute seconds per iteration) pairs for the policy.  Returns the
-        decision this rank has yet to carry out, or None."""
+        ``mode``; ``samples`` are (time, compute seconds per iteration) pairs for the policy; ``every``: its
+        report cadence.  Returns the decision this rank has yet to carry out, or None."""
         self._check_rank(rank)
+        self.every = max(self.every, int(every or 1))
         if position < self.positions[rank]:
             raise ValueError(f"rank {rank} reported position {position} after {self.positions[rank]}: positions "
                              "only grow")
@@ -121,7 +128,8 @@ class SwitchBoard:
             return
         by, mode, options, reason = self.pending
         self.pending = None
-        at = max(self.positions) + 1
+        k = self.every
+        at = (max(self.positions) // k + 1) * k
         self.decision = Decision(len(self.history) + 1, mode, options, at, by, reason, now)
         self.history.append(self.decision)
 
