@@ -37,7 +37,10 @@ class SyncMode(tf.keras.callbacks.Callback):
             self.schedule[epoch] = (mode, options)
         self.verbose = bool(verbose)
         self._sync_points = None
-        self.requests = []  # (mode, options, status) of this rank's requests
+        # this rank's requests: (mode, options, status, pending), pending = the mode of the switch that superseded
+        # it (None unless status is "superseded"); a request superseded by an earlier switch that this rank has
+        # already carried out (pending == self.mode) may be sent again: the board is free once every rank has.
+        self.requests = []
 
     def _bind(self, sync_points):
         """fit_hook.SyncPoints, at on_train_begin: the fit this callback belongs to."""
@@ -57,7 +60,7 @@ class SyncMode(tf.keras.callbacks.Callback):
         from hetsync.coordinator.switchboard import canonical
 
         status, pending = _runtime.services().switch_client().request(mode, canonical(options))
-        self.requests.append((mode, options, status))
+        self.requests.append((mode, options, status, pending if status == "superseded" else None))
         if status != "accepted" and self.verbose:
             extra = f" (switch to {pending} pending)" if pending else ""
             print(f"hetsync: request for {mode!r} {status}{extra}", file=sys.stderr, flush=True)

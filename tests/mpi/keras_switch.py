@@ -110,11 +110,15 @@ class Checks(tf.keras.callbacks.Callback):
                 assert status in ("accepted", "superseded"), f"request {done}: {status}"
                 if status == "accepted":  # superseded: a rank has not reported the last switch yet; next step
                     self.asked.add(done)
-        elif done == len(self.route) - 1 and self.concurrent is None and rank in (1, 2):
-            # ranks 1 and 2 ask for different modes at the same step: one switch
+        elif done == len(self.route) - 1 and self.concurrent in (None, "retry") and rank in (1, 2):
+            # ranks 1 and 2 ask for different modes at the same step: one switch.  Superseded by the circuit's last
+            # switch (the slow rank has not carried it out yet, so the board is not free): both ask again next step
             others = sorted(set(self.route) - {self.switch.mode})
+            first = self.concurrent is None
             self.concurrent = self.switch.request(others[rank - 1])
-            if rank == 2:
+            if self.concurrent == "superseded" and self.switch.requests[-1][3] == self.switch.mode:
+                self.concurrent = "retry"
+            if rank == 2 and first:
                 for mode, options in (("no-such-mode", {}), ("hop", {"max_ig": 0})):
                     try:
                         self.switch.request(mode, options)
@@ -157,7 +161,9 @@ def main():
     assert set(second[:part1]) == expected and len(second) == part1 + 1, f"part 2 pairs: {second}"
     assert all(not h["reason"].startswith("schedule") for h in history[part1:])
     statuses = hvd_tf.allgather_object(checks.concurrent)
-    assert sorted(s for s in statuses if s is not None) == ["accepted", "superseded"], statuses
+    # one accepted; the other superseded (or still waiting to ask again when the accepted switch came: "retry")
+    asked = sorted(s for s in statuses if s is not None)
+    assert len(asked) == 2 and asked[0] == "accepted" and asked[1] in ("retry", "superseded"), statuses
     if rank == 2:
         assert len(checks.errors) == 2 and "unknown sync mode 'no-such-mode'" in checks.errors[0] \
             and "max_ig" in checks.errors[1], checks.errors
