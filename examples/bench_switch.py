@@ -2,8 +2,9 @@
 
 8 workers (default) train the digits MLP for --steps steps each, with --base-time s of emulated compute per step
 (EmulatedCompute: 8 workers fit on 2 cores) and examples/train.py's ``--scenario changing``: homogeneous for the
-first third of the steps, the last worker --factor (5) x slower for the second third, random 6x slowdowns with
-p = 1/n on every worker for the last third.  For each run it reports:
+first --phase-steps (300) steps, the last worker --factor (5) x slower for the next 300, random 6x slowdowns with
+p = 1/n on every worker for the rest (900 of the 1500 steps: a long last phase, so that every mode has the steps to
+reach a tight target and "not reached" does not just mean "out of steps").  For each run it reports:
 
 * time to the target loss (the mean of the workers' local-model test losses, as benchmark.py measures it), from
   the end of the start-up (bench_eager.warm);
@@ -39,10 +40,9 @@ FIXED = ("allreduce", "esync", "eager-solo", "hop", "ripples-smart")
 PHASES = ("homogeneous", "straggler", "random")
 
 
-def phase_throughput(report_dir, steps, batch):
+def phase_throughput(report_dir, steps, batch, phase):
     """Samples/s of the job in each phase (sum over workers of iterations / seconds of their records there)."""
-    third = max(steps // 3, 1)
-    bounds = [(0, third), (third, 2 * third), (2 * third, steps + 1)]
+    bounds = [(0, phase), (phase, 2 * phase), (2 * phase, steps + 1)]
     out = [0.0, 0.0, 0.0]
     for path in glob.glob(os.path.join(report_dir, "hetsync", "rank*.jsonl")):
         with open(path) as f:
@@ -56,6 +56,11 @@ def phase_throughput(report_dir, steps, batch):
     return out
 
 
+def phase_of(args, scenario):
+    """The first two phases' length in steps (a stationary run: a third of its steps, for the same table)."""
+    return args.phase_steps if scenario == "changing" else max(args.steps // 3, 1)
+
+
 STATIONARY = {"homogeneous": [], "straggler": ["--slowdown", "deterministic", "--slow-ranks", "{last}"],
               "random": ["--slowdown", "random", "--factor", "6"]}
 
@@ -66,7 +71,7 @@ def run(args, label, mode, extra, progress, scenario="changing"):
     slowdown = ["--compute-time", str(args.base_time), "--base-time", str(args.base_time), "--factor",
                 str(args.factor), "--report-dir", report_dir]
     if scenario == "changing":
-        slowdown += ["--scenario", "changing"]
+        slowdown += ["--scenario", "changing", "--phase-steps", str(args.phase_steps)]
     else:
         slowdown += [a.format(last=args.workers - 1) for a in STATIONARY[scenario]]
     summaries, curves = train(args, mode, "digits", log_dir, slowdown + extra)
@@ -74,7 +79,7 @@ def run(args, label, mode, extra, progress, scenario="changing"):
     start = warm(curves, args)
     reached = first_time(loss, lambda v: v <= args.target_loss)
     r = {"time_to_target": None if reached is None else reached - start,
-         "phase_samples_per_s": phase_throughput(report_dir, args.steps, 32),
+         "phase_samples_per_s": phase_throughput(report_dir, args.steps, 32, phase_of(args, scenario)),
          "final_loss": summaries[0]["consensus_loss"], "wall_s": max(s["train_time_s"] for s in summaries)}
     if mode == "auto":
         from hetsync.report import load, summarize, write_report
@@ -118,9 +123,9 @@ def stationary_markdown(results, args):
 def markdown(results, args):
     fixed = {k: v for k, v in results.items() if k != "auto"}
     auto = results["auto"]
-    lines = [f"{args.workers} workers, {args.steps} steps, {args.base_time * 1e3:.0f} ms compute per step; phases "
-             f"of {args.steps // 3} steps: homogeneous, worker {args.workers - 1} {args.factor:g}x slower, random "
-             f"6x slowdowns (p = 1/{args.workers}).", "",
+    lines = [f"{args.workers} workers, {args.steps} steps, {args.base_time * 1e3:.0f} ms compute per step; "
+             f"{args.phase_steps} steps homogeneous, {args.phase_steps} with worker {args.workers - 1} "
+             f"{args.factor:g}x slower, then random 6x slowdowns (p = 1/{args.workers}).", "",
              "| mode | time to loss " + f"{args.target_loss} | " + " | ".join(f"{p} samples/s" for p in PHASES)
              + " | final loss |", "|---|---|---|---|---|---|"]
     for name, r in results.items():
@@ -143,8 +148,10 @@ def markdown(results, args):
 
 
 def main(argv=None):
-    # long enough that the step count does not decide who reaches the target: 900 steps (phases of 300), 600 alone
-    p = parser(__doc__, ("changing", "stationary"), 900, "results/switch")
+    # long enough that the step count does not decide who reaches the target: 1500 steps (300, 300, then random for
+    # 900), 600 alone
+    p = parser(__doc__, ("changing", "stationary"), 1500, "results/switch")
+    p.add_argument("--phase-steps", type=int, default=300, help="steps of the homogeneous and straggler phases")
     p.add_argument("--stationary-steps", type=int, default=600, help="steps of each stationary run")
     p.add_argument("--stationary-modes", default="allreduce,esync,eager-solo",
                    help="the fixed modes of the stationary part (each phase's scenario alone)")

@@ -47,8 +47,11 @@ def parse_args(argv=None):
     p.add_argument("--compute-time", type=float, default=0.0, help="emulated compute sleep per step, s")
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--scenario", default="fixed", choices=["fixed", "changing"],
-                   help="changing: homogeneous for the first third of the steps, the last rank --factor x slower "
-                        "for the second, random 6x slowdowns with p = 1/n for the last (needs --base-time)")
+                   help="changing: homogeneous for the first --phase-steps steps, the last rank --factor x slower "
+                        "for the next --phase-steps, random 6x slowdowns with p = 1/n for the rest (needs "
+                        "--base-time)")
+    p.add_argument("--phase-steps", type=int, default=0, help="--scenario changing: steps of the first two phases "
+                                                               "(default: a third of --steps)")
     p.add_argument("--report-dir", default="", help="write keras_callbacks.HeterogeneityReport records there")
     p.add_argument("--log-dir", default="")
     p.add_argument("--seed", type=int, default=0)
@@ -67,16 +70,16 @@ def sync_options(pairs):
 
 
 def changing_scenario(args, rank, size, steps):
-    """bench_switch.py's scenario: thirds of the job's steps (hetsync's step count) of homogeneous, one persistent
-    straggler, random slowdowns."""
+    """bench_switch.py's scenario, in hetsync's step count: ``--phase-steps`` (default a third of the steps) of
+    homogeneous, as many with one persistent straggler, random slowdowns for the rest."""
     if args.base_time is None:
         raise SystemExit("--scenario changing needs --base-time (the normal iteration time)")
     straggler = keras_callbacks.Slowdown("deterministic", ranks=[size - 1], factor=args.factor,
                                          base_time=args.base_time, rank=rank, size=size)
     random = keras_callbacks.Slowdown("random", factor=6.0, base_time=args.base_time, seed=args.seed, rank=rank,
                                       size=size)
-    third = max(steps // 3, 1)
-    return keras_callbacks.PhasedSlowdown([(third, None), (third, straggler), (max(steps - 2 * third, 1), random)])
+    phase = args.phase_steps or max(steps // 3, 1)
+    return keras_callbacks.PhasedSlowdown([(phase, None), (phase, straggler), (max(steps - 2 * phase, 1), random)])
 
 
 def main(argv=None):

@@ -189,6 +189,7 @@ class SyncPoints(_callback_base()):
                     self.algorithm.on_idle()
             if self.idle or self._padding:
                 logs = self.algorithm.idle_step(fn, iterator)
+                self._pretrace(iterator)
                 if logs is None:  # decentralized: nothing ran; Keras wants logs: the metrics as they stand
                     return {m.name: m.result() for m in model.metrics}
                 return logs
@@ -207,10 +208,22 @@ class SyncPoints(_callback_base()):
                 ops.set_availability(ops.BETWEEN)
             self.clock.step(self.algorithm, wall, began, time.monotonic(), self.local_iterations)
             self._steps_since_sync += 1
+            self._pretrace(iterator)
             return logs
 
         train_function._hetsync_inner = fn
         model.train_function = train_function
+
+    def _pretrace(self, iterator):
+        """sync="auto": after the first step (every rank; Keras' metrics are built by then, so a traced step is
+        final), trace the candidate modes' train steps (switching.pretrace)."""
+        if self.family is None or not self.family.pretrace:
+            return
+        from hetsync import switching
+
+        began = time.monotonic()
+        switching.pretrace(self, iterator)
+        self.clock.sync(time.monotonic() - began)
 
     # -- Keras hooks ----------------------------------------------------------------------------------------
     def on_train_begin(self, logs=None):

@@ -2,7 +2,7 @@
 from hetsync.algorithms import horovod_kwargs
 
 AUTO_OPTIONS = ("candidates", "window", "min_interval", "settle", "min_samples", "straggler_ratio",
-                "straggler_exit", "random_fraction", "random_exit", "slow_sample_ratio", "report_every")
+                "straggler_exit", "random_fraction", "random_exit", "slow_sample_ratio", "report_every", "pretrace")
 REPORT_EVERY = 8  # sync="auto": steps between a rank's Switch Board reports (switchboard.py, "Report cadence")
 
 
@@ -17,8 +17,10 @@ def DistributedOptimizer(optimizer, sync="allreduce", **options):  # noqa: N802 
       **options: the mode's options (see README); unknown ones raise ValueError listing the valid ones.  With
         ``sync="auto"``: ``candidates`` ({"homogeneous"|"straggler"|"random": mode or (mode, options)}),
         ``window`` (seconds of samples the policy looks at), ``min_interval`` (seconds between switches), the
-        policy's thresholds and ``report_every`` (steps between a rank's reports to the Switch Board, 8).  Horovod's DistributedOptimizer keywords are accepted by every mode and kept across
-        live switches.
+        policy's thresholds, ``report_every`` (steps between a rank's reports to the Switch Board, 8) and
+        ``pretrace`` (True: the candidates' train steps are traced after the first step, so a switch does not stall
+        on tracing).  Horovod's DistributedOptimizer keywords are accepted by every mode and kept across live
+        switches.
 
     Returns:
       A Keras optimizer to pass to ``model.compile``; its ``_hetsync_algorithm`` is the SyncAlgorithm in use.
@@ -49,12 +51,17 @@ def _auto(optimizer, hvd_kwargs, options):
     every = options.pop("report_every", REPORT_EVERY)
     if not isinstance(every, int) or isinstance(every, bool) or every < 1:
         raise ValueError(f"report_every must be an int >= 1 (steps), got {every!r}")
+    pretrace = options.pop("pretrace", True)
+    if not isinstance(pretrace, bool):
+        raise ValueError(f"pretrace must be True or False, got {pretrace!r}")
     _runtime.require_init("sync='auto'")
     services = _runtime.services()
     policy = AutoPolicy(services.size, **options)  # checks the settings and candidates here, on every rank
     family = Family(optimizer, hvd_kwargs, auto=dict(options), report_every=every)
     for mode, mode_options in policy.candidates.values():
         family.validate(mode, mode_options)
+    if pretrace:
+        family.pretrace = list(policy.candidates.values())
     if services.rank == 0:
         settings = dict(options)
         settings["candidates"] = {c: [m, o] for c, (m, o) in policy.candidates.items()}

@@ -3,9 +3,9 @@
 fit_hook.SyncPoints times every train step.  *Compute* is from the step's start (an injected Slowdown included: it
 runs inside the step, as a slower GPU would) to the moment the gradients were ready, which the mode stamps in its
 graph (SyncAlgorithm.mark_compute_done) just before its exchange; ESync reports its round's local iterations
-itself.  The rest of the step is *waiting in hetsync* (the exchange: Horovod's allreduce, a P-Reduce, a queue
-Recv...), and so is the time in sync points and switches.  A mode that does not stamp counts its whole step as
-compute.
+itself, one sample per local iteration.  The rest of the step is *waiting in hetsync* (the exchange: Horovod's
+allreduce, a P-Reduce, a queue Recv...), and so is the time in sync points and switches.  A mode that does not
+stamp counts its whole step as compute.
 """
 import time
 
@@ -26,8 +26,11 @@ class StepClock:
     def step(self, algorithm, wall_start, mono_start, mono_end, local_iterations):
         """One train step that ran ``[mono_start, mono_end]`` (``wall_start``: the same instant, time.time())."""
         elapsed = mono_end - mono_start
+        each = None
         if local_iterations and hasattr(algorithm, "last_round_timing"):
             iterations, compute = algorithm.last_round_timing()
+            if hasattr(algorithm, "last_round_iterations"):
+                each = algorithm.last_round_iterations()
         else:
             iterations, done = 1, algorithm.compute_done_time()
             compute = done - wall_start if wall_start < done <= wall_start + elapsed + 1e-3 else elapsed
@@ -37,9 +40,12 @@ class StepClock:
         self.iterations += iterations
         self.compute_s += compute
         self.step_s += elapsed
-        if iterations:
+        if each and len(each) == iterations:  # one sample per local iteration (ESync), scaled as compute was
+            scale = compute / sum(each) if sum(each) > 0 else 0.0
+            self.samples.extend((mono_end, c * scale) for c in each)
+        elif iterations:
             self.samples.append((mono_end, compute / iterations))
-            del self.samples[:-64]
+        del self.samples[:-256]
 
     def sync(self, seconds):
         """Time in a sync point or a switch (waiting for the others there, averaging)."""

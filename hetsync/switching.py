@@ -16,7 +16,8 @@ every rank at the same point (:func:`perform`):
    callback may have changed) are copied into the new mode's optimizer, which becomes ``model.optimizer``;
 5. a new engine session starts (``ops.rejoin`` on every rank, exactly once) and the new mode goes on.
 
-Keras' compiled step is traced once per (mode, options) the job uses: switching back reuses it.
+Keras' compiled step is traced once per (mode, options) the job uses: switching back reuses it.  With
+sync="auto" the candidates' steps are traced after the first step (:func:`pretrace`), so no switch stalls on tracing.
 """
 import json
 import sys
@@ -73,6 +74,7 @@ class Family:
         self.applied = 0                    # id of the last Switch Board decision carried out here
         self.pending = None                 # the decision this rank will carry out at its step ``at``
         self.history = []                   # switches done on this rank (dicts), for reports
+        self.pretrace = []                  # (mode, options) whose train steps the first step traces (auto)
 
     # -- entries ----------------------------------------------------------------------------------------------
     def validate(self, mode, options):
@@ -85,6 +87,8 @@ class Family:
         if key not in self.entries:
             algorithm = algorithms.create(mode, **options, **self.horovod_kwargs)
             optimizer = algorithm.wrap(self.base)
+            if hasattr(algorithm, "make_compute_stamp"):
+                algorithm.make_compute_stamp()
             if getattr(optimizer, "_hetsync_algorithm", None) is None:
                 optimizer._hetsync_algorithm = algorithm
             optimizer._hetsync_family = self
@@ -139,6 +143,39 @@ def _copy_hyper(old, new):
         new._learning_rate.assign(lr)
 
 
+def pretrace(sync_points, iterator):
+    """sync="auto", after a fit's first step (every rank, the same point): wrap each candidate mode of
+    ``family.pretrace`` and trace its Keras train step for this iterator, so that the switch into it later reuses
+    the traced step instead of stalling every rank on tracing (seconds for a Keras model; all ranks wait for the
+    slowest tracer).  The modes' coordinator set-up is redone by ``activate`` at the switch (the entry is not
+    fresh), since another mode may have replaced it meanwhile.  The mode in force is untouched."""
+    from hetsync.algorithms._wrap import build_slots
+
+    model, family = sync_points.model, sync_points.family
+    targets, family.pretrace = family.pretrace, []
+    optimizer, train_function = model.optimizer, model.train_function
+    began = time.monotonic()
+    traced = []
+    for mode, options in targets:
+        key = key_of(mode, options)
+        if key == family.current or key in family.entries:
+            continue
+        entry = family.entry(mode, options)
+        entry.fresh = False
+        build_slots(entry.optimizer, model.trainable_variables)
+        model.optimizer = entry.optimizer
+        try:
+            entry.train_function = model.make_train_function(force=True)
+            entry.train_function.get_concrete_function(iterator)
+        finally:
+            model.optimizer, model.train_function = optimizer, train_function
+        traced.append(mode)
+    if traced and _hvd().rank() == 0 and sync_points.verbose:
+        print(f"hetsync: traced the train steps of {', '.join(traced)} in {time.monotonic() - began:.1f} s "
+              "(sync='auto' candidates)", file=sys.stderr, flush=True)
+    return traced
+
+
 def perform(sync_points, mode, options, reason, decision_id=None):
     """Switches the job to ``mode`` here (collective: every rank calls it at the same point).  See the module
     docstring for the steps."""
@@ -176,7 +213,8 @@ def perform(sync_points, mode, options, reason, decision_id=None):
             new.on_idle()
     if not out:
         new.on_resume()
-    if entry.train_function is None:
+    traced_here = entry.train_function is None
+    if traced_here:
         model.train_function = None
         entry.train_function = model.make_train_function(force=True)
     else:
@@ -184,7 +222,8 @@ def perform(sync_points, mode, options, reason, decision_id=None):
     sync_points.adopt(new)
     sync_points._steps_since_sync = 0
     record = {"id": decision_id, "from": old_entry.mode, "to": mode, "options": options, "reason": reason,
-              "position": sync_points.position, "time": time.time(), "seconds": time.monotonic() - began}
+              "position": sync_points.position, "time": time.time(), "seconds": time.monotonic() - began,
+              "traced": traced_here}
     family.history.append(record)
     if _hvd().rank() == 0 and sync_points.verbose:
         print(f"hetsync: step {sync_points.position}: switched {old_entry.mode} -> {mode}"

@@ -11,7 +11,8 @@ every accepted request becomes exactly one switch.
 
 Policy: homogeneous samples never move it off allreduce; a rank r times slower (r >= 2) makes it propose the
 straggler mode, naming that rank; random slowdowns make it propose the random mode; hysteresis keeps the class in
-force between its exit and entry thresholds; switches are at least min_interval apart.
+force between its exit and entry thresholds; switches are at least min_interval apart.  ESync's rounds give one
+sample per local iteration (StepClock), so random slowdowns inside a round are seen.
 """
 import heapq
 import random
@@ -22,6 +23,7 @@ from hypothesis import strategies as st
 
 from hetsync.coordinator.auto_policy import AutoPolicy, normalize_candidates
 from hetsync.coordinator.switchboard import ACCEPTED, SUPERSEDED, UNCHANGED, SwitchBoard
+from hetsync.step_clock import StepClock
 
 MODES = ["allreduce", "hop", "esync", "eager-solo"]
 
@@ -203,3 +205,43 @@ def test_bad_settings_and_candidates_raise():
     with pytest.raises(ValueError, match="window"):
         AutoPolicy(4, window=0)
     assert normalize_candidates({"straggler": ("hop", {"skip": 2})})["straggler"] == ("hop", {"skip": 2})
+
+
+class _ESyncRound:
+    """What fit_hook's StepClock reads from ESync after a round: the count and compute of its local iterations."""
+
+    def __init__(self, each, per_iteration):
+        self.each = each
+        if per_iteration:
+            self.last_round_iterations = lambda: list(self.each)
+
+    def last_round_timing(self):
+        return len(self.each), sum(self.each)
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(4, 8), seed=st.integers(0, 1000))
+def test_esync_rounds_give_a_sample_per_local_iteration(n, seed):
+    """In ESync (a Keras step = a round of 4 local iterations), random 6x slowdowns (p = 1/n per iteration, at most
+    one per round) are classified as random only from per-iteration samples: a round's mean (one slow iteration
+    among four is 2.25x) stays under the 2.5x slow-sample threshold."""
+    found = {}
+    for per_iteration in (True, False):
+        rng = random.Random(seed)
+        policy = make(n)
+        policy.current_mode = "esync"
+        clocks, t = [StepClock() for _ in range(n)], 0.0
+        proposal = None
+        while t < 20.0 and proposal is None:
+            for r, clock in enumerate(clocks):
+                slow = [rng.random() < 1.0 / n for _ in range(4)]
+                slow = [k == slow.index(True) for k in range(4)] if any(slow) else slow  # one per round at most
+                each = [0.02 * (6 if s else 1) for s in slow]
+                clock.step(_ESyncRound(each, per_iteration), t, t, t + sum(each), local_iterations=True)
+                for when, value in clock.take_samples():
+                    policy.add(r, when, value)
+            t += 0.1
+            proposal = policy.evaluate(t, policy.current_mode)
+        found[per_iteration] = proposal
+    assert found[True] is not None and found[True][0] == "eager-solo", found
+    assert found[False] is None or found[False][0] != "eager-solo", found

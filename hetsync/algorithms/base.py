@@ -104,15 +104,23 @@ class SyncAlgorithm:
         the mode's exchange."""
         import tensorflow as tf
 
-        if getattr(self, "_compute_stamp", None) is None:
-            with tf.init_scope():
-                self._compute_stamp = tf.Variable(0.0, dtype=tf.float64, trainable=False,
-                                                  name="hetsync_compute_done")
+        self.make_compute_stamp()
         dense = [t for t in tensors if isinstance(t, tf.Tensor)]
         with tf.control_dependencies(dense):
             stamped = self._compute_stamp.assign(tf.timestamp())
         with tf.control_dependencies([stamped]):
             return [tf.identity(t) if isinstance(t, tf.Tensor) else t for t in tensors]
+
+    def make_compute_stamp(self):
+        """Creates the variable ``mark_compute_done`` writes.  Family.entry calls it right after ``wrap``, outside
+        any tf.function: a variable created while Keras traces its train step makes TensorFlow trace the step a
+        second time."""
+        import tensorflow as tf
+
+        if getattr(self, "_compute_stamp", None) is None:
+            with tf.init_scope():
+                self._compute_stamp = tf.Variable(0.0, dtype=tf.float64, trainable=False,
+                                                  name="hetsync_compute_done")
 
     def compute_done_time(self):
         """``time.time()`` when the last step's gradients were ready (0.0: the mode does not stamp)."""

@@ -101,6 +101,7 @@ class ESync(SyncAlgorithm):
         self.steps_per_round, self.blocking_s = [], []
         self._iteration_s = [0.0, 0]  # sum and count of local iteration times (mean capability)
         self._last_round = (0, 0.0)
+        self._round_iterations = []   # compute seconds of each local iteration of the last round
         return wrap_post_update(optimizer, self)
 
     def _build(self, model):
@@ -124,7 +125,7 @@ class ESync(SyncAlgorithm):
             self._start_fit()
         logs, k = None, 0
         future, asked_at = None, None
-        spent_before = self._iteration_s[0]
+        spent_before, iterations = self._iteration_s[0], []
         while not self._exhausted:
             if k > 0:
                 if self.options["non_blocking"]:
@@ -148,10 +149,12 @@ class ESync(SyncAlgorithm):
             self._t_e = time.monotonic()
             self._iteration_s[0] += self._t_e - began
             self._iteration_s[1] += 1
+            iterations.append(self._t_e - began)
             self._c = self._t_e - began + (self._rtt if self.options["non_blocking"] else 0.0)
             k += 1
         self.steps_per_round.append(k)
         self._last_round = (k, self._iteration_s[0] - spent_before)
+        self._round_iterations = iterations
         self._finish_round(active=1.0)
         return logs if logs is not None else self._metric_logs()
 
@@ -279,6 +282,11 @@ class ESync(SyncAlgorithm):
     def last_round_timing(self):
         """(local iterations, their compute seconds) of the last round, for sync="auto" and reports."""
         return self._last_round
+
+    def last_round_iterations(self):
+        """The compute seconds of each local iteration of the last round: sync="auto" takes one sample per
+        iteration, not the round's mean, which would dilute one slow iteration among a fast rank's many."""
+        return list(self._round_iterations)
 
     def on_idle(self):
         self._idle = True

@@ -1,12 +1,13 @@
 """``sync="auto"``'s policy: classify the job from its workers' compute times and name the mode for the class.
 
 A plain state machine (no clock of its own, no gRPC): the Switch Board (switchboard.py) feeds it every rank's
-samples and asks it after each report; tests/test_auto_policy.py checks it alone with hypothesis.
+samples and asks it after each report; tests/test_switchboard.py checks it alone with hypothesis.
 
 **Samples.**  One per step and rank: seconds of *compute* per iteration -- from the start of the rank's step to
 the moment its gradients were ready (fit_hook.StepClock), so time spent waiting for peers, in hetsync's
 collectives or Horovod's, is not in it.  An injected Slowdown runs inside the step, as a slower GPU would.  In
-ESync one sample is a round's mean local iteration.
+ESync, whose Keras step is a round of local iterations, each local iteration is a sample (a round's mean would
+dilute one slow iteration among a fast rank's many, and random slowdowns were recognised late).
 
 **Classes** (README "sync='auto'"), over the samples of the last ``window`` seconds, every rank having at least
 ``min_samples``:

@@ -5,7 +5,9 @@ Every step sleeps 20 ms of emulated compute; rank 3 is 5x slower during the midd
 - phase 1 (homogeneous): auto stays on allreduce;
 - phase 2: it switches to the straggler mode (esync), with evidence naming rank 3;
 - phase 3: once the slowdown has ended it switches back to allreduce ("homogeneous");
-- every rank made the same switches at the same steps, and the model reaches a loss target.
+- every rank made the same switches at the same steps, and the model reaches a loss target;
+- no switch traced a train step (the candidates' steps were traced at the first step, ``pretrace``), and the
+  traced esync step was reused, not traced again, when the real iterator came.
 The heterogeneity report goes to LOGDIR (argument): rank 0 through its TensorBoard callback, the others through
 keras_callbacks.HeterogeneityReport.  Prints OK rank=R.
 """
@@ -62,6 +64,10 @@ def main():
     back = [h for h in history[1:] if h["to"] == "allreduce"]
     assert back and back[0]["position"] > PHASES[0] + PHASES[1], summary
     assert "homogeneous" in back[0]["reason"], back[0]["reason"]
+    assert not any(h["traced"] for h in history), [(h["to"], h["traced"]) for h in history]
+    family = model.optimizer._hetsync_family
+    esync = [e for e in family.entries.values() if e.mode == "esync"][0]
+    assert esync.train_function.experimental_get_tracing_count() == 1, "esync's train step traced again"
     final = model.evaluate(x_test, y_test, verbose=0)[0]
     assert final < 0.5, f"loss {final:.3f}"
     print(f"OK rank={rank}", flush=True)
