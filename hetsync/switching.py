@@ -167,6 +167,8 @@ def pretrace(sync_points, iterator):
         try:
             entry.train_function = model.make_train_function(force=True)
             entry.train_function.get_concrete_function(iterator)
+            if hasattr(entry.algorithm, "pretrace"):
+                entry.algorithm.pretrace(model)
         finally:
             model.optimizer, model.train_function = optimizer, train_function
         traced.append(mode)

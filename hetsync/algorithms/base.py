@@ -97,6 +97,11 @@ class SyncAlgorithm:
     def deactivate(self):
         """A live switch leaves this mode (after ``on_consensus_begin``): drop state that must not outlive it."""
 
+    def pretrace(self, model):
+        """sync="auto", before this mode is ever used (switching.pretrace): trace the mode's own tf.functions for
+        ``model`` (not the Keras step, which the caller traces), so the first switch into it does not stall on
+        tracing.  Default: nothing."""
+
     def mark_compute_done(self, tensors):
         """Graph code: records when this step's gradients were ready (``tf.timestamp``), so the step's compute time
         excludes the waits of the exchange that follows (sync="auto", the heterogeneity report).  Returns

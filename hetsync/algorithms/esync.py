@@ -267,6 +267,12 @@ class ESync(SyncAlgorithm):
             for w, v in zip(self._globals, self._trainable):
                 w.assign(v)
 
+    def pretrace(self, model):
+        """The aggregation (a fit's first round, and every later one), traced before a switch needs it."""
+        self._build(model)
+        for start in (True, False):
+            self._aggregate_fn.get_concrete_function(tf.constant(1.0), start)
+
     def activate(self):
         """A live switch comes back to ESync: a fresh State Server, and the next step starts a new fit's rounds."""
         from hetsync import _runtime

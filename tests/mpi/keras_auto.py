@@ -6,8 +6,8 @@ Every step sleeps 20 ms of emulated compute; rank 3 is 5x slower during the midd
 - phase 2: it switches to the straggler mode (esync), with evidence naming rank 3;
 - phase 3: once the slowdown has ended it switches back to allreduce ("homogeneous");
 - every rank made the same switches at the same steps, and the model reaches a loss target;
-- no switch traced a train step (the candidates' steps were traced at the first step, ``pretrace``), and the
-  traced esync step was reused, not traced again, when the real iterator came.
+- before any switch, the candidates' train steps (and ESync's aggregation) were already traced (``pretrace``);
+  no switch traced a train step, and each traced function was reused, not traced again, when it ran.
 The heterogeneity report goes to LOGDIR (argument): rank 0 through its TensorBoard callback, the others through
 keras_callbacks.HeterogeneityReport.  Prints OK rank=R.
 """
@@ -30,6 +30,19 @@ COMPUTE, SLOW, FACTOR = 0.02, 3, 5
 PHASES = (50, 70, 180)
 
 
+class Traced(tf.keras.callbacks.Callback):
+    """At step 5 (before any switch): how often esync's train step and its aggregation have been traced."""
+
+    counts = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.counts is None and batch == 5:
+            family = self.model.optimizer._hetsync_family
+            esync = [e for e in family.entries.values() if e.mode == "esync"][0]
+            self.counts = (esync.train_function.experimental_get_tracing_count(),
+                           esync.algorithm._aggregate_fn.experimental_get_tracing_count())
+
+
 def main():
     logdir = sys.argv[1]
     hvd.init()
@@ -43,7 +56,9 @@ def main():
     model.compile(opt, loss=loss, metrics=metrics)
     slow = keras_callbacks.Slowdown("deterministic", ranks=[SLOW], factor=FACTOR, base_time=COMPUTE)
     phased = keras_callbacks.PhasedSlowdown([(PHASES[0], None), (PHASES[1], slow), (PHASES[2], None)])
-    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), keras_callbacks.EmulatedCompute(COMPUTE), phased]
+    traced = Traced()
+    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), keras_callbacks.EmulatedCompute(COMPUTE), phased,
+                 traced]
     if rank == 0:
         callbacks.append(tf.keras.callbacks.TensorBoard(log_dir=logdir, update_freq="epoch"))
     else:
@@ -67,7 +82,9 @@ def main():
     assert not any(h["traced"] for h in history), [(h["to"], h["traced"]) for h in history]
     family = model.optimizer._hetsync_family
     esync = [e for e in family.entries.values() if e.mode == "esync"][0]
+    assert traced.counts == (1, 2), f"before the first switch, esync's step/aggregation traced {traced.counts}"
     assert esync.train_function.experimental_get_tracing_count() == 1, "esync's train step traced again"
+    assert esync.algorithm._aggregate_fn.experimental_get_tracing_count() == 2, "esync's aggregation traced again"
     final = model.evaluate(x_test, y_test, verbose=0)[0]
     assert final < 0.5, f"loss {final:.3f}"
     print(f"OK rank={rank}", flush=True)
