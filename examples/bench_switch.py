@@ -160,6 +160,8 @@ def main(argv=None):
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--target-loss", type=float, default=0.2)
     p.add_argument("--modes", default=",".join(FIXED), help="the fixed modes to compare auto with")
+    p.add_argument("--auto-option", action="append", default=[], metavar="KEY=VALUE",
+                   help='more sync="auto" options (JSON values), e.g. candidates=\'{"straggler": "eager-solo"}\'')
     args = p.parse_args(argv)
     args.lr = {"digits": args.lr}
     os.makedirs(args.out, exist_ok=True)
@@ -169,6 +171,8 @@ def main(argv=None):
     runs = (len(modes) + 1 if "changing" in parts else 0) + (3 * (len(still) + 1) if "stationary" in parts else 0)
     progress = Progress(runs)
     auto_opts = ["--sync-option", "window=3.0", "--sync-option", "min_interval=3.0", "--sync-option", "settle=1.0"]
+    for pair in args.auto_option:
+        auto_opts += ["--sync-option", pair]
     results, text = {}, ""
     if "changing" in parts:
         changing = {m: run(args, m, m, [], progress) for m in modes}
