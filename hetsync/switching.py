@@ -87,8 +87,7 @@ class Family:
         if key not in self.entries:
             algorithm = algorithms.create(mode, **options, **self.horovod_kwargs)
             optimizer = algorithm.wrap(self.base)
-            if hasattr(algorithm, "make_compute_stamp"):
-                algorithm.make_compute_stamp()
+            algorithm.make_compute_stamp()
             if getattr(optimizer, "_hetsync_algorithm", None) is None:
                 optimizer._hetsync_algorithm = algorithm
             optimizer._hetsync_family = self
@@ -167,8 +166,7 @@ def pretrace(sync_points, iterator):
         try:
             entry.train_function = model.make_train_function(force=True)
             entry.train_function.get_concrete_function(iterator)
-            if hasattr(entry.algorithm, "pretrace"):
-                entry.algorithm.pretrace(model)
+            entry.algorithm.pretrace(model)
         finally:
             model.optimizer, model.train_function = optimizer, train_function
         traced.append(mode)

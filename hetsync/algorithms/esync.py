@@ -100,7 +100,6 @@ class ESync(SyncAlgorithm):
         self._aggregate_fn, self._globals = None, None
         self.steps_per_round, self.blocking_s = [], []
         self._iteration_s = [0.0, 0]  # sum and count of local iteration times (mean capability)
-        self._last_round = (0, 0.0)
         self._round_iterations = []   # compute seconds of each local iteration of the last round
         return wrap_post_update(optimizer, self)
 
@@ -125,7 +124,7 @@ class ESync(SyncAlgorithm):
             self._start_fit()
         logs, k = None, 0
         future, asked_at = None, None
-        spent_before, iterations = self._iteration_s[0], []
+        iterations = []
         while not self._exhausted:
             if k > 0:
                 if self.options["non_blocking"]:
@@ -153,7 +152,6 @@ class ESync(SyncAlgorithm):
             self._c = self._t_e - began + (self._rtt if self.options["non_blocking"] else 0.0)
             k += 1
         self.steps_per_round.append(k)
-        self._last_round = (k, self._iteration_s[0] - spent_before)
         self._round_iterations = iterations
         self._finish_round(active=1.0)
         return logs if logs is not None else self._metric_logs()
@@ -287,7 +285,7 @@ class ESync(SyncAlgorithm):
 
     def last_round_timing(self):
         """(local iterations, their compute seconds) of the last round, for sync="auto" and reports."""
-        return self._last_round
+        return len(self._round_iterations), sum(self._round_iterations)
 
     def last_round_iterations(self):
         """The compute seconds of each local iteration of the last round: sync="auto" takes one sample per
