@@ -157,7 +157,7 @@ def pretrace(sync_points, iterator):
     traced = []
     for mode, options in targets:
         key = key_of(mode, options)
-        if key == family.current or key in family.entries:
+        if key in family.entries:  # the mode in force, or one already used
             continue
         entry = family.entry(mode, options)
         entry.fresh = False
