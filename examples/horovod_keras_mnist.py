@@ -76,8 +76,8 @@ def digits_images(seed):
 
 
 def build_model():
+    """Built lazily at its first call, as Horovod's example builds its model (no Input layer)."""
     return tf.keras.Sequential([
-        tf.keras.layers.Input((8, 8, 1)),
         tf.keras.layers.Conv2D(16, 3, activation="relu"),
         tf.keras.layers.Conv2D(32, 3, activation="relu"),
         tf.keras.layers.Flatten(),

@@ -71,9 +71,9 @@ def init(timeout=None, comm_cache_size=None, away_after=None):
     from hetsync.coordinator.services import JobServices
 
     _STATE["services"] = JobServices(hvd, timeout)
-    from hetsync import fit_hook
+    from hetsync import training
 
-    fit_hook.install()
+    training.install()
     _at_exit(shutdown)
 
 

@@ -2,7 +2,7 @@
 
 Decentralized methods (Ripples, Hop, ...) leave workers with different parameters.  Before evaluation,
 checkpointing, a mode switch and the end of training, the job averages them with Horovod (ARCHITECTURE.md); inside
-``Model.fit`` the sync points of hetsync/fit_hook.py call :func:`sync_point`.
+``Model.fit`` the sync points of hetsync/training/ call :func:`sync_point`.
 
 A consensus round is a global collective, so it must not wait on a worker that still trains alone, nor make a
 training worker wait on one that is in the round: the algorithm withdraws the worker from hetsync's own collectives
@@ -27,7 +27,7 @@ def _averageable(variables):
 def consensus(model, finished=False, algorithm=None, name="hetsync_consensus"):
     """Averages ``model``'s float variables over all workers; returns True when every worker says ``finished``.
 
-    For custom training loops (``Model.fit`` does this by itself, hetsync/fit_hook.py).  Collective over all Horovod
+    For custom training loops (``Model.fit`` does this by itself, hetsync/training/).  Collective over all Horovod
     ranks: every rank must call it the same number of times; a worker that has finished keeps calling it (with
     ``finished=True``, weight 0 in the average) until it returns True.
     """
@@ -36,7 +36,7 @@ def consensus(model, finished=False, algorithm=None, name="hetsync_consensus"):
 
 
 def sync_point(model, algorithm, idle, weight=1.0, average=True, name="hetsync.sync"):
-    """One global sync point (hetsync/fit_hook.py): leave hetsync's collectives, average, say who is idle, rejoin.
+    """One global sync point (hetsync/training/): leave hetsync's collectives, average, say who is idle, rejoin.
 
     Every rank calls it the same number of times -- idle ranks (stopped early) too, since they step through the
     same epochs.  The models are averaged weighted by ``weight`` (1 for a rank that trained since its last sync

@@ -20,25 +20,31 @@ def DistributedOptimizer(optimizer, sync="allreduce", **options):  # noqa: N802 
         policy's thresholds, ``report_every`` (steps between a rank's reports to the Switch Board, 8) and
         ``pretrace`` (True: the candidates' train steps are traced after the first step, so a switch does not stall
         on tracing).  Horovod's DistributedOptimizer keywords are accepted by every mode and kept across live
-        switches.
+        switches.  ``job_epochs`` (every mode, default True): an epoch of a mode whose ranks step at their own
+        pace is the job's ``sum(steps_per_epoch)`` train steps, shared by speed (README "Job epochs"); False:
+        every rank runs its own ``steps_per_epoch`` train steps per epoch.
 
     Returns:
       A Keras optimizer to pass to ``model.compile``; its ``_hetsync_algorithm`` is the SyncAlgorithm in use.
       After a live switch (keras_callbacks.SyncMode, or auto) ``model.optimizer`` is the mode's optimizer in force,
       holding the same state.
     """
-    from hetsync import fit_hook
+    from hetsync import training
     from hetsync.switching import Family
 
-    fit_hook.install()  # epoch-end sync points and finished ranks, for every mode (hetsync/fit_hook.py)
+    training.install()  # job epochs, sync points, idle ranks and the agreed stop, for every mode
+    options = dict(options)
+    job_epochs = options.pop("job_epochs", True)
+    if not isinstance(job_epochs, bool):
+        raise ValueError(f"job_epochs must be True or False, got {job_epochs!r}")
     hvd_kwargs = {k: v for k, v in options.items() if k in horovod_kwargs.NAMES}
     mode_options = {k: v for k, v in options.items() if k not in horovod_kwargs.NAMES}
     if sync != "auto":
-        return Family(optimizer, hvd_kwargs).start(sync, mode_options)
-    return _auto(optimizer, hvd_kwargs, mode_options)
+        return Family(optimizer, hvd_kwargs, job_epochs=job_epochs).start(sync, mode_options)
+    return _auto(optimizer, hvd_kwargs, mode_options, job_epochs)
 
 
-def _auto(optimizer, hvd_kwargs, options):
+def _auto(optimizer, hvd_kwargs, options, job_epochs):
     from hetsync import _runtime
     from hetsync.coordinator.auto_policy import AutoPolicy
     from hetsync.switching import Family
@@ -57,7 +63,7 @@ def _auto(optimizer, hvd_kwargs, options):
     _runtime.require_init("sync='auto'")
     services = _runtime.services()
     policy = AutoPolicy(services.size, **options)  # checks the settings and candidates here, on every rank
-    family = Family(optimizer, hvd_kwargs, auto=dict(options), report_every=every)
+    family = Family(optimizer, hvd_kwargs, auto=dict(options), report_every=every, job_epochs=job_epochs)
     for mode, mode_options in policy.candidates.values():
         family.validate(mode, mode_options)
     if pretrace:

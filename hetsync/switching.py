@@ -64,11 +64,12 @@ class Entry:
 class Family:
     """The optimizers one ``hetsync.DistributedOptimizer`` call stands for: one per mode the job uses."""
 
-    def __init__(self, base_optimizer, horovod_kwargs, auto=None, report_every=1):
+    def __init__(self, base_optimizer, horovod_kwargs, auto=None, report_every=1, job_epochs=True):
         self.base = base_optimizer
         self.horovod_kwargs = dict(horovod_kwargs)
         self.auto = auto                    # sync="auto": the policy's settings (dict), else None
         self.report_every = int(report_every)  # Switch Board report cadence (steps), the same on every rank
+        self.job_epochs = bool(job_epochs)  # training/job_epochs.py
         self.entries = {}
         self.current = None                 # key of the mode in force
         self.applied = 0                    # id of the last Switch Board decision carried out here
@@ -187,12 +188,12 @@ def perform(sync_points, mode, options, reason, decision_id=None):
     began = time.monotonic()
     old_entry = family.current_entry
     old = old_entry.algorithm
-    out = sync_points.idle or sync_points._padding
+    out = sync_points.idle or sync_points.out_for_epoch
     ops.set_availability(ops.AWAY)
     old.on_consensus_begin()
     old.deactivate()
     ops.withdraw()
-    _weighted_average(model, 1.0 if sync_points._steps_since_sync > 0 else 0.0,
+    _weighted_average(model, 1.0 if sync_points.steps_since_sync > 0 else 0.0,
                       f"hetsync.switch.{len(family.history)}")
     inner = getattr(model.train_function, "_hetsync_inner", model.train_function)
     old_entry.train_function = inner
@@ -219,8 +220,8 @@ def perform(sync_points, mode, options, reason, decision_id=None):
         entry.train_function = model.make_train_function(force=True)
     else:
         model.train_function = entry.train_function
-    sync_points.adopt(new)
-    sync_points._steps_since_sync = 0
+    sync_points.algorithm = new  # the fit's SyncPoints callback adopts it (training/callbacks.py)
+    sync_points.steps_since_sync = 0
     record = {"id": decision_id, "from": old_entry.mode, "to": mode, "options": options, "reason": reason,
               "position": sync_points.position, "time": time.time(), "seconds": time.monotonic() - began,
               "traced": traced_here}

@@ -1,7 +1,7 @@
 """``keras_callbacks.Consensus``: how often decentralized training averages its workers' models.
 
 Optional.  Without it, hetsync already ends every epoch and every ``fit`` with one model on every rank: the sync
-points of hetsync/fit_hook.py run for every model compiled with a ``hetsync.DistributedOptimizer``.  This callback
+points of hetsync/training/ run for every model compiled with a ``hetsync.DistributedOptimizer``.  This callback
 only changes their schedule; it does no collective of its own (two callbacks issuing global rounds would pair
 with the wrong rounds on other ranks).
 """
@@ -20,6 +20,8 @@ class Consensus(tf.keras.callbacks.Callback):
         points either way, so nobody waits on them.
     """
 
+    hetsync_consensus = True  # read by hetsync/training/options.py
+
     def __init__(self, every="epoch", at_end=True):
         super().__init__()
         if not (every in ("epoch", None) or (isinstance(every, int) and not isinstance(every, bool) and every > 0)):
@@ -31,6 +33,6 @@ class Consensus(tf.keras.callbacks.Callback):
     @property
     def rounds(self):
         """Sync points the last ``fit`` ran (read from hetsync's internal callback)."""
-        from hetsync.fit_hook import last_rounds
+        from hetsync.training import last_rounds
 
         return last_rounds()

@@ -42,6 +42,7 @@ class _PerIteration(tf.keras.callbacks.Callback):
     Horovod model) they run around each Keras batch."""
 
     per_local_iteration = False
+    hetsync_per_train_step = True  # hetsync/training/ calls on_local_iteration_begin/_end inside each train step
 
     def on_train_batch_begin(self, batch, logs=None):
         if not self.per_local_iteration:
@@ -204,9 +205,9 @@ class PhasedSlowdown(_PerIteration):
     def _current(self):
         if self.unit == "seconds":
             return self.phases[self.phase_at(time.monotonic() - (self._began or time.monotonic()))][1]
-        from hetsync import fit_hook
+        from hetsync import training
 
-        return self.phases[self.phase_at(fit_hook.position())][1]
+        return self.phases[self.phase_at(training.position())][1]
 
     def on_local_iteration_begin(self):
         self._active = self._current()

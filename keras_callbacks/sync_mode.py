@@ -42,8 +42,10 @@ class SyncMode(tf.keras.callbacks.Callback):
         # already carried out (pending == self.mode) may be sent again: the board is free once every rank has.
         self.requests = []
 
-    def _bind(self, sync_points):
-        """fit_hook.SyncPoints, at on_train_begin: the fit this callback belongs to."""
+    hetsync_switches = True  # read by hetsync/training/: it binds the callback to the rank's state
+
+    def bind(self, sync_points):
+        """hetsync/training/, at on_train_begin: the rank state of the fit this callback belongs to."""
         self._sync_points = sync_points
         for mode, options in self.schedule.values():
             _validate(mode, options, sync_points.family)

@@ -1,7 +1,7 @@
 """The Switch Board (hetsync/coordinator/switchboard.py) and sync="auto"'s policy (auto_policy.py), alone, with
 hypothesis.
 
-Switch Board: a discrete-event simulation runs n ranks of random speeds through the protocol of fit_hook.SyncPoints:
+Switch Board: a discrete-event simulation runs n ranks of random speeds through the protocol of hetsync/training/:
 after each step a rank reports; when a decision names its step it enters the switch (a global collective: it waits
 until every rank is there), carries it out and reports again.  Every few steps the ranks also meet in a "user
 collective" (they wait for each other, reporting nothing).  Requests come from random ranks at random times.
@@ -208,7 +208,7 @@ def test_bad_settings_and_candidates_raise():
 
 
 class _ESyncRound:
-    """What fit_hook's StepClock reads from ESync after a round: the count and compute of its local iterations."""
+    """What hetsync/step_clock.py reads from ESync after a round: the count and compute of its local iterations."""
 
     def __init__(self, each, per_iteration):
         self.each = each

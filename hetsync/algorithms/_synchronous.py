@@ -1,6 +1,6 @@
 """Idle ranks in the synchronous modes (``allreduce``, ``od-sgd``): they keep stepping with weight 0.
 
-A rank that stopped early (hetsync/fit_hook.py) must still take part in every gradient allreduce of the others, or
+A rank that stopped early (hetsync/training/) must still take part in every gradient allreduce of the others, or
 their collectives would never complete.  So its steps run as usual, with its gradients scaled by a contribution of
 0 (Horovod's ``join`` semantics; ``hvd.join`` itself cannot be called twice in a process in Horovod 0.28).
 """

@@ -12,6 +12,7 @@ from hetsync.algorithms.base import SyncAlgorithm
 @register
 class HorovodAllreduce(IdleContribution, SyncAlgorithm):
     name = "allreduce"
+    STEPPING = "lockstep"
     OPTIONS = {}
     HOROVOD_APPLIED = frozenset(horovod_kwargs.NAMES)
     HOROVOD_PASSTHROUGH = True

@@ -32,6 +32,11 @@ class SyncAlgorithm:
 
     name = None
     OPTIONS = {}
+    # How the mode's ranks step (hetsync/training/job_epochs.py): "own" (each at its own pace: an epoch is the job's
+    # train steps, shared by speed), "rounds" (one Keras step is a round of local iterations, ESync) or "lockstep"
+    # (one train step per rank per Keras step, synchronous).
+    STEPPING = "own"
+    consensus_every = None  # batches between mid-epoch model averages (None: epoch ends only)
     HOROVOD_APPLIED = horovod_kwargs.APPLIED_BY_WRAPPER
     HOROVOD_PASSTHROUGH = False
     HOROVOD_REASONS = {}  # overrides of horovod_kwargs.REASONS (the warning's "why") for this mode
@@ -73,12 +78,27 @@ class SyncAlgorithm:
         raise NotImplementedError
 
     def on_idle(self):
-        """This rank stopped while others train on (hetsync/fit_hook.py): leave every collective of the mode."""
+        """This rank stopped while others train on (hetsync/training/): leave every collective of the mode."""
 
     def idle_step(self, train_function, iterator):
         """One step of an idle rank.  Default (decentralized modes): train nothing, run nothing, return None.
         Synchronous modes run ``train_function`` so the others' collectives complete (and return its logs)."""
         return None
+
+    def on_epoch_begin(self):
+        """A new Keras epoch begins (a new data iterator may come with it)."""
+
+    def attach(self, model, local_hooks):
+        """``STEPPING == "rounds"``: the model and the per-train-step callbacks, at each fit's start."""
+
+    def run_step(self, train_function, iterator):
+        """``STEPPING == "rounds"``: one Keras step (a round of local iterations); returns Keras' logs."""
+        raise NotImplementedError(f"sync={self.name!r} steps {self.STEPPING!r}, not in rounds")
+
+    def last_job_steps(self):
+        """``STEPPING == "rounds"``: the train steps the whole job took in the last round (the same on every
+        rank: job epochs count them)."""
+        return 0
 
     def on_resume(self):
         """The fit in which this rank was idle has ended (every rank is back at the same point)."""

@@ -18,7 +18,7 @@ What a step applies (option ``late``):
   - "latest" (the paper, §5 and §5.1): the latest round's result only, averaged over its contributors (ADS: "a
     correct average of a subset of the proposed updates"); rounds a rank missed are lost to its model.
 Models may still drift (Adam's nonlinear update, "latest"); the staleness bound τ of §5.1 is kept by full-model
-averages with Horovod: at every epoch end (every hetsync mode does this, fit_hook.py) and every
+averages with Horovod: at every epoch end (every hetsync mode does this, hetsync/training/) and every
 ``model_sync_every`` batches within an epoch.
 
 Options:
@@ -79,7 +79,7 @@ class EagerSGD(SyncAlgorithm):
 
     @property
     def consensus_every(self):
-        """fit_hook.SyncPoints: mid-epoch model averages every this many batches (None: epoch ends only)."""
+        """hetsync/training/: mid-epoch model averages every this many batches (None: epoch ends only)."""
         return self.options["model_sync_every"]
 
     def wrap(self, optimizer):

@@ -1,7 +1,7 @@
 """``sync="esync"``: ESync -- fast workers take local steps until the slowest is ready, then one aggregation
 (ESync §3.1 Algorithm 1 for the worker, §4.1 Algorithm 2 for the State Server, §4.2 for the non-blocking query).
 
-**One Keras step is one ESync round** (fit_hook.SyncPoints calls :meth:`ESync.run_step` instead of the compiled
+**One Keras step is one ESync round** (hetsync/training/ calls :meth:`ESync.run_step` instead of the compiled
 train function):
 
 1. local iterations: the compiled train step (the user's optimizer, the user's loss, one batch each) runs while
@@ -26,7 +26,7 @@ aggregation for the rest of the epoch.
 Choices where the paper is silent (README, "ESync"):
 
 * The mean is over the workers that trained this round (the flag's sum).  An idle worker (stopped early,
-  fit_hook.py) runs only the aggregation, with Δ = 0 and flag 0, so the others' allreduce completes and it
+  hetsync/training/) runs only the aggregation, with Δ = 0 and flag 0, so the others' allreduce completes and it
   receives their models (as ``allreduce``'s idle steps do), and it is away for the State Server.
 * Capability c (Algorithm 1 line 15) is the duration of the worker's last local iteration, an injected slowdown
   included (keras_callbacks.Slowdown sleeps per local iteration in this mode).  In non-blocking mode it includes the
@@ -58,7 +58,8 @@ def _number(value):
 class ESync(SyncAlgorithm):
     name = "esync"
     OPTIONS = {"global_lr": 1.0, "epsilon": 0.005, "non_blocking": False, "timeout": None}
-    LOCAL_ITERATIONS = True  # fit_hook: one Keras step runs run_step (several local iterations)
+    LOCAL_ITERATIONS = True  # one Keras step runs run_step (several local iterations)
+    STEPPING = "rounds"
     HOROVOD_REASONS = {
         "device_dense": "it places Horovod's gradient allreduce ops on a device; sync={mode!r} allreduces model "
                         "deltas once per round, in host memory",
@@ -93,11 +94,12 @@ class ESync(SyncAlgorithm):
         self.client = services.state_client()
         self.wait_timeout = float(self.options["timeout"] or _runtime.timeout())
         self.scope = f"hetsync.esync.{next(_WRAPS)}"
-        self.local_hooks = []          # callbacks with on_local_iteration_begin/_end (fit_hook sets them)
+        self.local_hooks = []          # callbacks with on_local_iteration_begin/_end (the training layer sets them)
         self.model = None
         self._round, self._c, self._rtt, self._slowest_last = 0, 0.0, 0.0, -1
+        self._job_steps = 0
         self._fresh, self._exhausted, self._idle = True, False, False
-        self._aggregate_fn, self._globals = None, None
+        self._aggregate_fn, self._globals, self._built_for = None, None, None
         self.steps_per_round, self.blocking_s = [], []
         self._iteration_s = [0.0, 0]  # sum and count of local iteration times (mean capability)
         self._round_iterations = []   # compute seconds of each local iteration of the last round
@@ -105,8 +107,9 @@ class ESync(SyncAlgorithm):
 
     def _build(self, model):
         """w_t variables and the compiled aggregation, once per model."""
-        if self.model is model and self._aggregate_fn is not None:
+        if self.model is model and self._aggregate_fn is not None and self._built_for is model:
             return
+        self._built_for = model
         self.model = model
         trainable = list(model.trainable_variables)
         ids = {id(v) for v in trainable}
@@ -120,7 +123,7 @@ class ESync(SyncAlgorithm):
     # -- one Keras step = one round -----------------------------------------------------------------------------
     def run_step(self, train_function, iterator):
         """Local iterations while NOT-READY, roll call, aggregation, reset; returns the last iteration's logs."""
-        if self._fresh:
+        if self._fresh and self.model.built:
             self._start_fit()
         logs, k = None, 0
         future, asked_at = None, None
@@ -153,29 +156,36 @@ class ESync(SyncAlgorithm):
             k += 1
         self.steps_per_round.append(k)
         self._round_iterations = iterations
-        self._finish_round(active=1.0)
+        self._finish_round(active=1.0, steps=k)
         return logs if logs is not None else self._metric_logs()
 
     def idle_step(self, train_function, iterator):
-        """An idle rank (fit_hook) trains nothing: it only takes part in the round's allreduce, with Δ = 0."""
+        """An idle rank (hetsync/training/) trains nothing: it only takes part in the round's allreduce, with Δ = 0.
+        (A model not built yet is built by one train step first: the aggregation needs its variables.)"""
+        if self._fresh and not self.model.built:
+            train_function(iterator)
         if self._fresh:
             self._start_fit()
-        self._finish_round(active=0.0)
+        self._finish_round(active=0.0, steps=0)
         return self._metric_logs()
 
     def attach(self, model, local_hooks):
-        """fit_hook, at on_train_begin: the model and the callbacks that act per local iteration."""
-        self._build(model)
+        """hetsync/training/, at on_train_begin: the model and the callbacks that act per local iteration.  A model
+        built lazily (no Input layer, as in Horovod's examples) has no variables before its first step: the first
+        round then builds w_t at its end (_finish_round)."""
+        self.model = model
+        if model.built:
+            self._build(model)
         self.local_hooks = list(local_hooks)
         self._fresh, self._exhausted = True, False
 
     def on_epoch_begin(self):
-        """A new epoch has a new iterator (fit_hook)."""
+        """A new epoch has a new iterator (hetsync/training/)."""
         self._exhausted = False
 
     def _start_fit(self):
         """First step of a fit: w_t <- the average of the workers' models (one Horovod allreduce)."""
-        self._aggregate_fn(tf.constant(1.0), True)
+        self._aggregate_fn(tf.constant(1.0), True, tf.constant(0.0))
         self._fresh = False
         self._t_e = time.monotonic()
 
@@ -201,11 +211,17 @@ class ESync(SyncAlgorithm):
         self._slowest_last = reply.slowest
         return bool(reply.ready)
 
-    def _finish_round(self, active):
+    def _finish_round(self, active, steps):
         waited = time.monotonic()
         if active:
             self._roll_call()
-        self._aggregate_fn(tf.constant(active), False)
+        if self._fresh:  # the model was built by this round's first iteration: w_t <- the workers' average now
+            self._build(self.model)
+            _, job_steps = self._aggregate_fn(tf.constant(1.0), True, tf.constant(float(steps)))
+            self._fresh = False
+        else:
+            _, job_steps = self._aggregate_fn(tf.constant(active), False, tf.constant(float(steps)))
+        self._job_steps = int(round(float(job_steps)))
         now = time.monotonic()
         if active:
             self.blocking_s.append(now - waited)
@@ -229,8 +245,10 @@ class ESync(SyncAlgorithm):
         return {m.name: m.result() for m in self.model.metrics}
 
     # -- the aggregation (compiled) ---------------------------------------------------------------------------
-    def _aggregate(self, active, start):
-        """Eqs. 6-8 in one Horovod allreduce; ``start``: w_t <- mean of the models instead (a fit's first step)."""
+    def _aggregate(self, active, start, steps):
+        """Eqs. 6-8 in one Horovod allreduce; ``start``: w_t <- mean of the models instead (a fit's first step).
+        The same allreduce sums the workers' local iterations (``steps``): the job's train steps in the round.
+        Returns (workers that trained, the job's train steps)."""
         import horovod.tensorflow as hvd
 
         trainable, others, globals_ = self._trainable, self._others, self._globals
@@ -241,12 +259,12 @@ class ESync(SyncAlgorithm):
                      for v, w in zip(trainable, globals_)]
         parts += [v.read_value() * tf.cast(active, v.dtype) for v in others]
         flat = tf.concat([tf.reshape(tf.cast(p, tf.float32), [-1]) for p in parts]
-                         + [tf.reshape(tf.cast(active, tf.float32), [1])], 0)
+                         + [tf.reshape(tf.cast(active, tf.float32), [1]), tf.reshape(steps, [1])], 0)
         total = hvd.allreduce(flat, op=hvd.Sum, name=f"{self.scope}.{'start' if start else 'delta'}",
                               compression=hvd.Compression.none if start else self.compression)
-        count = total[-1]
+        count, job_steps = total[-2], total[-1]
         sizes = [p.shape.num_elements() for p in parts]
-        pieces = tf.split(total[:-1], sizes)
+        pieces = tf.split(total[:-2], sizes)
         eps = float(self.options["global_lr"])
         mean = [tf.reshape(p, v.shape) / tf.maximum(count, 1.0) for p, v in zip(pieces, trainable + others)]
         for v, w, m in zip(trainable, globals_, mean):
@@ -256,9 +274,9 @@ class ESync(SyncAlgorithm):
         if count > 0:
             for v, m in zip(others, mean[len(trainable):]):
                 v.assign(tf.cast(m, v.dtype))
-        return count
+        return count, job_steps
 
-    # -- fit_hook / sync points ---------------------------------------------------------------------------------
+    # -- training layer / sync points ---------------------------------------------------------------------------------
     def on_consensus_end(self, finished):
         """The models were averaged (identical already after a round): w_t follows them."""
         if self._globals is not None:
@@ -269,7 +287,7 @@ class ESync(SyncAlgorithm):
         """The aggregation (a fit's first round, and every later one), traced before a switch needs it."""
         self._build(model)
         for start in (True, False):
-            self._aggregate_fn.get_concrete_function(tf.constant(1.0), start)
+            self._aggregate_fn.get_concrete_function(tf.constant(1.0), start, tf.constant(0.0))
 
     def activate(self):
         """A live switch comes back to ESync: a fresh State Server, and the next step starts a new fit's rounds."""
@@ -282,6 +300,9 @@ class ESync(SyncAlgorithm):
     def deactivate(self):
         """A live switch leaves ESync: the State Server must not wait for this worker any more."""
         self.client.away()
+
+    def last_job_steps(self):
+        return self._job_steps
 
     def last_round_timing(self):
         """(local iterations, their compute seconds) of the last round, for sync="auto" and reports."""

@@ -22,7 +22,7 @@ Options (the issue's names are the public API):
 Defaults give standard decentralized training (D-PSGD on the parallel graph), the paper's baseline.
 
 Like every decentralized mode, workers withdraw from the queues for each global consensus average (epoch ends,
-fit_hook.py) and every session then restarts the queues at iteration 0 from the common model.  A worker that stops
+hetsync/training/) and every session then restarts the queues at iteration 0 from the common model.  A worker that stops
 early withdraws; its neighbours stop waiting for it (docs/engine.md, "Hop's queues").
 """
 import itertools

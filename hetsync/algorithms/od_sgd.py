@@ -23,7 +23,7 @@ variables).  Three stages, by ``optimizer.iterations`` (which counts global upda
 
 Choices where the paper is silent (README, "OD-SGD"):
 
-* At every sync point (epoch ends, the end of fit; fit_hook.py) the outstanding allreduce is completed and the model
+* At every sync point (epoch ends, the end of fit; hetsync/training/) the outstanding allreduce is completed and the model
   set to W (``flush``), so validation, rank 0's checkpoint and the next epoch see the global model.
 * An idle worker (stopped early) keeps stepping with a zero gradient and weight 0: the mean is over the workers that
   trained (a count travels with the gradients), as ``allreduce``'s idle steps do it through Horovod.
@@ -47,6 +47,7 @@ def _number(value):
 @register
 class ODSGD(IdleContribution, SyncAlgorithm):
     name = "od-sgd"
+    STEPPING = "lockstep"
     OPTIONS = {"warmup_steps": 100, "local_updater": "sgd", "local_lr": None, "dc_lambda": 0.04,
                "mean_square_decay": 0.95, "timeout": None}
     HOROVOD_APPLIED = frozenset(horovod_kwargs.NAMES)

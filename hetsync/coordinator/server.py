@@ -265,6 +265,10 @@ class GGServer:
         from .switch_service import SwitchServicer
 
         pb2_grpc.add_SwitchBoardServicer_to_server(SwitchServicer(self, generator.size), self._server)
+        # The Job Clock (job epochs, the agreed stop step): job_service.py.
+        from .job_service import JobServicer
+
+        pb2_grpc.add_JobClockServicer_to_server(JobServicer(self, generator.size), self._server)
         try:
             bound = self._server.add_insecure_port(format_address(host, port))
         except RuntimeError as exc:

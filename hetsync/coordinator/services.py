@@ -131,6 +131,14 @@ class JobServices:
             self._switch = SwitchClient(self.address, self.secret, self.rank, timeout=self.timeout)
         return self._switch
 
+    def job_client(self):
+        """This rank's Job Clock client (connected on first use; job epochs and the agreed stop step)."""
+        if getattr(self, "_job", None) is None:
+            from hetsync.coordinator.job_service import JobClockClient
+
+            self._job = JobClockClient(self.address, self.secret, self.rank, timeout=self.timeout)
+        return self._job
+
     def stop(self):
         """Tells the GG this worker is done (running the groups it still owes); rank 0 then
         waits until every worker is done, at most ``timeout`` seconds, and stops the server."""
@@ -147,6 +155,11 @@ class JobServices:
             self.server.stop(grace=1.0)
         if self._client is not None:
             self._client.close()
+        for name in ("_job", "_switch"):
+            client = getattr(self, name, None)
+            if client is not None:
+                client.close()
+                setattr(self, name, None)
 
     def _wait_all_finished(self):
         if self.config is None:

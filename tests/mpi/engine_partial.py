@@ -48,7 +48,7 @@ def call_loop(ops, mode, name, sleeper):
         records.append(dict(rank=rank, call=i, round=int(res.round), avg=res.tensors.numpy(), nap=int(res.nap),
                             contributors=res.contributors.numpy().tolist(), included=bool(res.included),
                             initiator=int(res.initiator), staleness=int(res.staleness), active=int(res.active)))
-    # Flush: every rank leaves (AWAY, as fit_hook marks a rank inside a Horovod collective); rank 0 calls until a
+    # Flush: every rank leaves (AWAY, as hetsync/training/ marks a rank inside a Horovod collective); rank 0 calls until a
     # round includes its call -- that round takes what every send buffer still holds.
     ops.set_availability(ops.AWAY)
     barrier()

@@ -1,7 +1,7 @@
 """Partial allreduce mode "all" (the engine's all-ranks rule, for ESync's aggregation), 4 ranks:
   - under random per-rank delays, round i holds exactly call i of every rank (NAP = active = 4), the same exact
     average on every rank, rank 0 coordinating;
-  - a rank that is away (here: inside a Horovod barrier, marked AWAY as fit_hook marks it) is not waited for: the
+  - a rank that is away (here: inside a Horovod barrier, marked AWAY as hetsync/training/ marks it) is not waited for: the
     others' rounds run with it passive (NAP 3) -- if they waited, the barrier it sits in would never complete;
   - ops.partial_discard: with late="accumulate", the rounds a rank missed while away are dropped: its next call
     returns none of them.

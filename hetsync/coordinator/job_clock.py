@@ -1,0 +1,122 @@
+"""The Job Clock: the job's count of train steps per epoch, and the agreed stop (README "Job epochs").
+
+A plain state machine (no gRPC, no clock of its own); hetsync/coordinator/job_service.py serves it on rank 0's
+coordinator server and tests/test_job_clock.py checks it alone with hypothesis.
+
+Why.  Horovod's convention is ``steps_per_epoch = N`` per rank, so an epoch is ``N x size`` samples of the job.  In
+a mode whose ranks step at their own pace (Ripples, eager-SGD, Hop), making every rank run N steps would make the
+fast ranks wait at every epoch end for the slow one.  So an epoch is the *job's* ``total`` steps (the sum of the
+ranks' ``steps_per_epoch``), shared by speed.  Every rank still runs the same ``keras_steps`` Keras steps per epoch
+(so callbacks, a user's per-batch Horovod collectives, LR schedules and progress bars line up), but Keras step k is
+a *slice* of the job's epoch: it ends once the job's count reaches ``boundary(k) = ceil((k+1) * total / keras_steps)``.
+A rank in step k *claims* one train step at a time; a claim is granted while the count is below the boundary.  A
+fast rank takes several train steps in one Keras step, a slow rank whose one train step spanned several slices
+finds its next Keras steps already full and passes them at once.  Nobody waits for a given rank: the count moves
+as long as any rank trains.
+
+A rank that stopped (time budget, EarlyStopping, ``stop_training``) claims nothing; its Keras steps *wait* until
+the count reaches their boundary, which the ranks still training bring about.  When every rank has stopped the
+count cannot move any more: every wait returns at once from then on, and the clock names the **stop step**, one
+past the largest Keras step any rank has started.  Each rank starts every Keras step with a call until it knows
+the stop step, so no rank has started that step when it is named, and each learns it no later than at its start.
+Every rank leaves ``fit`` after that step: the same number of Keras steps everywhere, a few after the last stop.
+
+Epochs are numbered by the ranks (their count of hetsync Keras epochs, the same on every rank).  Positions are the
+ranks' cumulative Keras step counts (training/rank_state.py), the same numbering the Switch Board uses.
+"""
+import math
+
+GRANTED, FULL, STOPPED = "granted", "full", "stopped"
+
+
+class EpochPlan:
+    """One epoch's shape: ``total`` train steps of the job spread over ``keras_steps`` Keras steps."""
+
+    __slots__ = ("total", "keras_steps")
+
+    def __init__(self, total, keras_steps):
+        if keras_steps < 1 or total < keras_steps:
+            raise ValueError(f"an epoch of {total} job steps cannot fill {keras_steps} Keras steps")
+        self.total, self.keras_steps = int(total), int(keras_steps)
+
+    def boundary(self, step):
+        """The job's count at which Keras step ``step`` (0-based in the epoch) is over."""
+        step = min(max(int(step), 0), self.keras_steps - 1)
+        return math.ceil((step + 1) * self.total / self.keras_steps)
+
+
+class JobClock:
+    """Counts for ``size`` ranks.  Every method is called under one lock by the service."""
+
+    def __init__(self, size):
+        self.size = int(size)
+        self.counts = {}                    # epoch -> train steps the job has claimed in it
+        self.plans = {}                     # epoch -> EpochPlan (every rank sends the same)
+        self.claimed = [0] * self.size      # per rank, over the job (reports)
+        self.positions = [-1] * self.size   # last Keras step each rank started (cumulative)
+        self.stopped = [False] * self.size
+        self.stop_at = None                 # the agreed stop step, once every rank has stopped
+
+    def _check(self, rank, epoch, plan):
+        if not 0 <= rank < self.size:
+            raise ValueError(f"rank {rank} out of range for {self.size} workers")
+        known = self.plans.get(epoch)
+        if known is None:
+            self.plans[epoch] = plan
+            self.counts.setdefault(epoch, 0)
+            for old in [e for e in self.plans if e < epoch - 2]:  # ranks are at most one epoch apart
+                del self.plans[old]
+                self.counts.pop(old, None)
+        elif (known.total, known.keras_steps) != (plan.total, plan.keras_steps):
+            raise ValueError(f"rank {rank} plans epoch {epoch} as {plan.total} job steps in {plan.keras_steps} "
+                             f"Keras steps, another rank as {known.total} in {known.keras_steps}: pass the same "
+                             "steps_per_epoch and epochs on every rank")
+
+    def _seen(self, rank, position):
+        if position < self.positions[rank]:
+            raise ValueError(f"rank {rank} reported Keras step {position} after {self.positions[rank]}: positions "
+                             "only grow")
+        self.positions[rank] = position
+
+    def claim(self, rank, epoch, step, position, plan):
+        """Rank ``rank``, in Keras step ``step`` of ``epoch`` (``position`` over the job), asks for one train step.
+
+        Returns (status, count): GRANTED (the count includes this claim), FULL (the step's slice is done: end the
+        Keras step) or STOPPED (every rank has stopped)."""
+        self._check(rank, epoch, plan)
+        self._seen(rank, position)
+        if self.stop_at is not None:
+            return STOPPED, self.counts[epoch]
+        if self.stopped[rank]:
+            raise ValueError(f"rank {rank} stopped and then claimed a train step: resume it first")
+        if self.counts[epoch] >= plan.boundary(step):
+            return FULL, self.counts[epoch]
+        self.counts[epoch] += 1
+        self.claimed[rank] += 1
+        return GRANTED, self.counts[epoch]
+
+    def reached(self, rank, epoch, step, position, plan):
+        """A stopped rank's Keras step: True when it may end (its slice is full, or everyone stopped)."""
+        self._check(rank, epoch, plan)
+        self._seen(rank, position)
+        return self.stop_at is not None or self.counts[epoch] >= plan.boundary(step)
+
+    def stop(self, rank, position):
+        """Rank ``rank`` stopped training during Keras step ``position``.  Returns the stop step once all have."""
+        if not 0 <= rank < self.size:
+            raise ValueError(f"rank {rank} out of range for {self.size} workers")
+        self._seen(rank, position)
+        self.stopped[rank] = True
+        if all(self.stopped) and self.stop_at is None:
+            self.stop_at = max(self.positions) + 1
+        return self.stop_at
+
+    def resume(self, rank):
+        """A new ``fit`` begins on this rank (every rank calls it before the fit's first collective, so no rank
+        claims before all have resumed): the rank trains again, and the last fit's stop step is forgotten."""
+        self.stopped[rank] = False
+        self.stop_at = None
+
+    def metrics(self):
+        return {"claimed": list(self.claimed), "positions": list(self.positions), "stopped": list(self.stopped),
+                "stop_at": self.stop_at, "counts": dict(self.counts)}

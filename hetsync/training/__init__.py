@@ -1,0 +1,15 @@
+"""The training layer: what every rank does around the mode's train step, in ``Model.fit`` and custom loops.
+
+* rank_state.py -- the per-rank state machine (active, idle, away, out, finished): availability for the engine,
+  idle steps, sync points, the agreed stop.  The single home of the absent-rank rule.
+* job_epochs.py -- job epochs: an epoch is the job's ``sum(steps_per_epoch)`` train steps, shared by speed, with
+  every rank running the same Keras steps (coordinator/job_clock.py holds the count).
+* callbacks.py -- SyncPoints and StopVote, Keras' face of the state machine; keras_fit.py -- the ``Model.fit``
+  wrapper that plans each fit's epochs and adds them.
+* options.py -- what the user's callbacks declare, and checks that every rank passed the same.
+* report.py -- the heterogeneity report callback.
+"""
+from hetsync.training.keras_fit import install, uninstall
+from hetsync.training.rank_state import last_rounds, position
+
+__all__ = ["install", "uninstall", "position", "last_rounds"]

@@ -1,0 +1,210 @@
+"""The two callbacks hetsync puts in ``fit``'s list around the user's: Keras' face of the rank's state machine.
+
+:class:`SyncPoints` goes first: it wraps the compiled train function (one Keras step = ``RankState.keras_step``),
+starts each epoch with the job's plan, runs the epoch-end sync point before any user callback's ``on_epoch_end``
+and before validation, and carries out live switches.  :class:`StopVote` goes last: it turns one rank's
+``stop_training`` into idle steps, makes every rank leave together at the Job Clock's stop step, and votes at each
+epoch end (so an ``EarlyStopping`` that fires on every rank ends the job at once).
+"""
+import json
+import time
+
+import tensorflow as tf
+
+
+def _hvd():
+    import horovod.tensorflow as hvd
+
+    return hvd
+
+
+class SyncPoints(tf.keras.callbacks.Callback):
+    """First in ``fit``'s callback list: the rank's state machine (training/rank_state.py) as Keras sees it."""
+
+    def __init__(self, state, user_callbacks, epoch_plan):
+        super().__init__()
+        self.state = state
+        self.user_callbacks = list(user_callbacks)
+        self.epoch_plan = epoch_plan      # (job train steps, Keras steps) of each epoch
+        self.switching = False            # this fit reports to the Switch Board (a SyncMode callback, or auto)
+        self.board = None
+
+    # -- the train function -------------------------------------------------------------------------------------
+    def wrap_train_function(self):
+        model = self.model
+        fn = getattr(model.train_function, "_hetsync_inner", model.train_function)
+        state = self.state
+
+        def train_function(iterator):
+            return state.keras_step(fn, iterator)
+
+        train_function._hetsync_inner = fn
+        model.train_function = train_function
+
+    def adopt(self, algorithm):
+        """A live switch made ``algorithm`` the mode in force (switching.perform calls it)."""
+        from hetsync.training import options
+
+        self.state.adopt(algorithm)
+        self.state.every, self.state.at_end = options.consensus_options(self.user_callbacks, algorithm)
+        self.wrap_train_function()
+
+    # -- Keras hooks ---------------------------------------------------------------------------------------------
+    def on_train_begin(self, logs=None):
+        state = self.state
+        state.model = self.model
+        state.begin_fit()
+        # Per-train-step callbacks (keras_callbacks.Slowdown / EmulatedCompute) run inside the step: the state
+        # machine calls them, or, in modes whose Keras step is several local iterations (ESync), the mode does.
+        state.hooks = [cb for cb in self.user_callbacks if getattr(cb, "hetsync_per_train_step", False)]
+        for cb in state.hooks:
+            cb.per_local_iteration = True
+        self.model._hetsync_sync_points = state
+        self.model._hetsync_callback = self
+        state.adopt(state.algorithm)
+        self.wrap_train_function()
+        self._start_switching()
+        if state.family is not None and state.family.pretrace:
+            state.after_step = self._pretrace
+
+    def _pretrace(self, iterator):
+        """sync="auto": after the first step (every rank; Keras' metrics are built by then, so a traced step is
+        final), trace the candidate modes' train steps (switching.pretrace)."""
+        from hetsync import switching
+
+        self.state.after_step = None
+        switching.pretrace(self.state, iterator)
+
+    def _start_switching(self):
+        """Live switches need every rank to report to the Switch Board, at the same cadence: all ranks or none
+        (checked here, once per fit, with one small Horovod allgather), else a switch would wait forever for a
+        rank that never hears of it."""
+        from hetsync import _runtime
+        from hetsync.training import options
+
+        state = self.state
+        state.family = getattr(self.model.optimizer, "_hetsync_family", None)
+        modes = [cb for cb in self.user_callbacks if getattr(cb, "hetsync_switches", False)]
+        for cb in modes:
+            cb.bind(state)
+        state.verbose = all(cb.verbose for cb in modes)
+        wanted = state.family is not None and (bool(modes) or state.family.auto is not None)
+        every = state.family.report_every if state.family is not None else 1
+        options.agree("switching", [1 if wanted else 0, every], lambda ranks: (
+            f"ranks {ranks} differ from rank 0 in having a keras_callbacks.SyncMode callback (or sync='auto') or "
+            "in sync='auto''s report_every: pass the same callbacks and options on every rank, as for Horovod's "
+            "callbacks"))
+        self.switching = wanted
+        if wanted:
+            self.board = _runtime.services().switch_client()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        state = self.state
+        target = self._scheduled(epoch) if state.family is not None else None
+        if target is not None:
+            from hetsync.switching import key_of
+
+            if key_of(*target) != state.family.current:
+                self.switch_to(target[0], target[1], f"schedule: epoch {epoch}")
+        state.begin_epoch(*(self.epoch_plan or (None, None)))
+        state.synced_this_epoch = False
+
+    def on_train_batch_end(self, batch, logs=None):
+        state = self.state
+        if isinstance(state.every, int) and (batch + 1) % state.every == 0:
+            state.sync_point(mid_epoch=True)
+        if self.switching:
+            self._report()
+
+    def on_test_begin(self, logs=None):
+        if getattr(self.model, "_hetsync_in_fit", False) and not self.state.synced_this_epoch:
+            self.state.synced_this_epoch = True
+            self.state.sync_point()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not self.state.synced_this_epoch:
+            self.state.synced_this_epoch = True
+            self.state.sync_point()
+
+    def on_train_end(self, logs=None):
+        self.state.end_fit()
+
+    # -- live switches ------------------------------------------------------------------------------------------
+    def _report(self):
+        """After every ``family.report_every``-th step (switchboard.py, "Report cadence"): tell the Switch Board
+        where this rank is; carry out its decision at its step."""
+        state = self.state
+        family = state.family
+        every = family.report_every
+        if state.position % every == 0:
+            mode, options = family.current
+            samples = state.clock.take_samples() if family.auto is not None else ()
+            d = self.board.report(state.position, family.applied, mode, options, samples, every)
+            if d.id and d.id > family.applied:
+                family.pending = d
+        d = family.pending
+        if d is None:
+            return
+        if state.position > d.at:
+            raise RuntimeError(f"hetsync: rank {_hvd().rank()} is at step {state.position}, past switch {d.id}'s "
+                               f"step {d.at} (Switch Board protocol broken)")
+        if state.position == d.at:
+            self.switch_to(d.mode, json.loads(d.options_json), d.reason, d.id)
+            family.applied, family.pending = d.id, None
+            # Every rank passed the switch's consensus round: say so now, so the board takes the next request.
+            self.board.report(state.position, family.applied, d.mode, d.options_json, (), every)
+
+    def switch_to(self, mode, options, reason, decision_id=None):
+        """Collective: every rank calls it at the same point (hetsync/switching.py)."""
+        from hetsync import switching
+
+        began = time.monotonic()
+        record = switching.perform(self.state, mode, options, reason, decision_id)
+        self.adopt(self.state.algorithm)
+        self.state.clock.sync(time.monotonic() - began)
+        return record
+
+    def _scheduled(self, epoch):
+        """A SyncMode schedule's entry for ``epoch`` (every rank has the same schedule: no negotiation)."""
+        for cb in self.user_callbacks:
+            schedule = getattr(cb, "schedule", None) if getattr(cb, "hetsync_switches", False) else None
+            if schedule and epoch in schedule:
+                return schedule[epoch]
+        return None
+
+
+class StopVote(tf.keras.callbacks.Callback):
+    """Last in ``fit``'s callback list: one rank's ``stop_training`` becomes idle steps; every rank leaves ``fit``
+    together at the Job Clock's stop step (mid-epoch), or at an epoch end where every rank wants to stop."""
+
+    def __init__(self, head):
+        super().__init__()
+        self.head = head
+        self.votes = 0
+
+    def on_train_begin(self, logs=None):
+        self.model._hetsync_in_fit = True
+
+    def on_train_batch_end(self, batch, logs=None):
+        state = self.head.state
+        if self.model.stop_training and not state.stop_due():  # a time budget... on this rank only
+            self.model.stop_training = False
+            state.become_idle()
+        if state.stop_due():
+            self.model.stop_training = True  # every rank, after the same Keras step
+
+    def on_epoch_end(self, epoch, logs=None):
+        state = self.head.state
+        hvd = _hvd()
+        wants_stop = bool(self.model.stop_training) or state.idle
+        everyone = hvd.allreduce(tf.constant(1.0 if wants_stop else 0.0), op=hvd.Min,
+                                 name=f"hetsync.stopvote.{self.votes}")
+        self.votes += 1
+        if float(everyone) >= 1.0:
+            self.model.stop_training = True  # every rank stops here, at the same epoch
+        elif wants_stop:
+            self.model.stop_training = False
+            state.become_idle()
+
+    def on_train_end(self, logs=None):
+        self.model._hetsync_in_fit = False

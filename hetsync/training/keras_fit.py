@@ -1,0 +1,132 @@
+"""hetsync inside ``Model.fit``, with no callback for the user to add.
+
+``hetsync.init()`` (and ``hetsync.DistributedOptimizer``) wrap ``tf.keras.Model.fit`` once.  For a model compiled
+with a hetsync optimizer the wrapper plans the fit's epochs with the other ranks (one small Horovod allgather:
+every rank's ``steps_per_epoch``), puts :class:`~hetsync.training.callbacks.SyncPoints` first and
+:class:`~hetsync.training.callbacks.StopVote` last in the callback list, and hands Keras the same number of Keras
+steps per epoch on every rank.  Any other model trains exactly as before.
+
+Epochs (README "Job epochs"): with ``steps_per_epoch = N_r`` on rank r (Horovod's convention), every rank runs
+``max N_r`` Keras steps per epoch and the epoch is ``sum N_r`` train steps of the job.  In a mode whose ranks step
+at their own pace those are shared by speed (training/job_epochs.py); in a synchronous mode, or with
+``job_epochs=False``, each rank runs its own ``N_r`` and idle steps to the longest (uneven shards).  With
+``steps_per_epoch=None`` and a finite ``tf.data`` dataset, ``N_r`` is its length.  A finite dataset is repeated
+(a rank that runs out starts its shard again), since fast ranks take more batches than they hold.
+"""
+import functools
+import inspect
+import logging
+
+from hetsync.training import options
+from hetsync.training.callbacks import StopVote, SyncPoints
+from hetsync.training.rank_state import RankState
+
+log = logging.getLogger("hetsync.training")
+_STATE = {"installed": False, "original_fit": None, "job": None}
+
+
+def install():
+    """Wraps ``tf.keras.Model.fit`` (idempotent).  Models without a hetsync optimizer are not affected."""
+    if _STATE["installed"]:
+        return
+    import tensorflow as tf
+
+    original = tf.keras.Model.fit
+
+    @functools.wraps(original)
+    def fit(self, *args, **kwargs):
+        algorithm = getattr(getattr(self, "optimizer", None), "_hetsync_algorithm", None)
+        if algorithm is None:
+            return original(self, *args, **kwargs)
+        return original(self, **_prepare(original, self, args, kwargs, algorithm))
+
+    fit._hetsync_original = original
+    tf.keras.Model.fit = fit
+    _STATE.update(installed=True, original_fit=original)
+
+
+def uninstall():
+    """Restores the original ``Model.fit`` (tests)."""
+    if _STATE["installed"]:
+        import tensorflow as tf
+
+        tf.keras.Model.fit = _STATE["original_fit"]
+        _STATE.update(installed=False, original_fit=None)
+
+
+def job_epochs_client():
+    """This process's JobEpochs (one per process: the ranks number their epochs over all fits alike)."""
+    from hetsync import _runtime
+    from hetsync.training.job_epochs import JobEpochs
+
+    services = _runtime.services()
+    job = _STATE["job"]
+    if job is None or job.client is not services.job_client():
+        job = _STATE["job"] = JobEpochs(services.job_client(), _runtime.timeout())
+    return job
+
+
+def _dataset_length(x):
+    """Batches in a finite ``tf.data`` dataset (-1 when unknown or not a dataset, -2 when infinite)."""
+    import tensorflow as tf
+
+    if not isinstance(x, tf.data.Dataset):
+        return -1
+    n = int(x.cardinality().numpy())
+    return n if n >= 0 else (-2 if n == tf.data.INFINITE_CARDINALITY else -1)
+
+
+def _prepare(original, model, args, kwargs, algorithm):
+    """fit's arguments as keywords: the epoch plan, the dataset, SyncPoints first and StopVote last."""
+    from hetsync import _runtime
+
+    _runtime.require_init("fit with a hetsync optimizer")
+    arguments = dict(inspect.signature(original).bind(model, *args, **kwargs).arguments)
+    arguments.pop("self", None)
+    family = getattr(model.optimizer, "_hetsync_family", None)
+    job_epochs = family.job_epochs if family is not None else True
+    user = [cb for cb in (arguments.get("callbacks") or []) if not isinstance(cb, (SyncPoints, StopVote))]
+    job = job_epochs_client()
+    job.begin_fit()  # before the fit's first collective (job_clock.JobClock.resume)
+    x = arguments.get("x")
+    own = arguments.get("steps_per_epoch")
+    length = _dataset_length(x)
+    if own is None and length >= 0:
+        own = length
+    if own is not None and (not isinstance(own, int) or isinstance(own, bool) or own < 1):
+        raise ValueError(f"steps_per_epoch must be a positive int or None, got {own!r}")
+    rows = options.gather("steps_per_epoch", [own if own is not None else -1])
+    steps = [row[0] for row in rows]
+    if own is None and any(s > 0 for s in steps) or own is not None and any(s < 0 for s in steps):
+        raise ValueError(f"steps_per_epoch is known on ranks {[r for r, s in enumerate(steps) if s > 0]} and not "
+                         f"on ranks {[r for r, s in enumerate(steps) if s < 0]}: pass steps_per_epoch on every "
+                         "rank (Horovod's convention: N // hvd.size()), or a finite tf.data dataset")
+    every, at_end = options.consensus_options(user, algorithm)
+    state = RankState(algorithm, model, job, job_epochs=job_epochs and own is not None, every=every, at_end=at_end)
+    if own is None:
+        log.info("steps_per_epoch unknown (an endless dataset or in-memory arrays): each rank's epoch is its own")
+        plan = None
+    else:
+        longest = max(steps)
+        arguments["steps_per_epoch"] = longest
+        if length >= 0:
+            arguments["x"] = x.repeat()  # fast ranks (and idle steps) take more batches than the shard holds
+        plan = (sum(steps), longest)
+        if own < longest and (algorithm.STEPPING == "lockstep" or not state.job_epochs):
+            state.own_steps = own  # per-rank epochs: this rank's batches past its own count are idle steps
+    head = SyncPoints(state, user, plan)
+    arguments["callbacks"] = [head] + user + _report_for_tensorboard(user) + [StopVote(head)]
+    return arguments
+
+
+def _report_for_tensorboard(user_callbacks):
+    """A user's TensorBoard callback gets hetsync's scalars beside its own (a HeterogeneityReport in its log_dir),
+    unless the user added one."""
+    import tensorflow as tf
+
+    from hetsync.training.report import HeterogeneityReport
+
+    if any(isinstance(cb, HeterogeneityReport) for cb in user_callbacks):
+        return []
+    boards = [cb for cb in user_callbacks if isinstance(cb, tf.keras.callbacks.TensorBoard)]
+    return [HeterogeneityReport(boards[0].log_dir)] if boards else []
