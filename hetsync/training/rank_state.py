@@ -150,7 +150,7 @@ class RankState:
                 job.wait_for_slice(self.position, self._set_away)
                 return None
             return job.claim_and_run(self.position, lambda: self._train_step(fn, iterator))
-        if stopped and job.stop_at is None:
+        if self.idle and job.stop_at is None:  # (out for the epoch is not stopped)
             job.poll_stop(self.position)
         rounds = self.stepping == "rounds"
         if rounds and self.job_epochs and job.full():
