@@ -35,12 +35,15 @@ import horovod.tensorflow as hvd_tf  # noqa: E402
 import horovod.tensorflow.keras as hvd  # noqa: E402
 
 import hetsync  # noqa: E402
+import hetsync.training  # noqa: E402
 import keras_callbacks  # noqa: E402
 
 
 def parse():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sync", default="allreduce", help="hetsync mode (hetsync.available_modes())")
+    p.add_argument("--sync-options", default="{}", help="the mode's options, as JSON")
+    p.add_argument("--per-rank-epochs", action="store_true", help="job_epochs=False: N train steps per rank")
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--steps-per-epoch", type=int, default=40)
     p.add_argument("--batch-size", type=int, default=32)
@@ -100,6 +103,23 @@ class PeriodicAllreduce(tf.keras.callbacks.Callback):
             self.calls += 1
 
 
+class EpochEnds(tf.keras.callbacks.Callback):
+    """Records this rank's fit duration (its own clock) and the job's Keras step count at each epoch end."""
+
+    def __init__(self):
+        super().__init__()
+        self.positions, self.fit_s, self.t0 = [], None, None
+
+    def on_train_begin(self, logs=None):
+        self.t0 = time.monotonic()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.positions.append(hetsync.training.position())
+
+    def on_train_end(self, logs=None):
+        self.fit_s = time.monotonic() - self.t0
+
+
 class TimeBudget(tf.keras.callbacks.Callback):
     """Stops this rank's training once its own clock passes ``seconds`` (each rank has its own budget)."""
 
@@ -145,7 +165,8 @@ def main():
     opt = tf.keras.optimizers.Adam(scaled_lr)
     # Horovod: opt = hvd.DistributedOptimizer(opt, backward_passes_per_step=1, average_aggregated_gradients=True)
     opt = hetsync.DistributedOptimizer(opt, sync=args.sync, backward_passes_per_step=1,
-                                       average_aggregated_gradients=True)
+                                       average_aggregated_gradients=True, job_epochs=not args.per_rank_epochs,
+                                       **json.loads(args.sync_options))
     model.compile(loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), optimizer=opt,
                   metrics=["accuracy"])
 
@@ -160,6 +181,8 @@ def main():
     if args.slow_rank is not None:
         callbacks.append(keras_callbacks.Slowdown("deterministic", ranks=[args.slow_rank], factor=args.factor,
                                                   base_time=args.base_time))
+    ends = EpochEnds()
+    callbacks.append(ends)
     user = PeriodicAllreduce(args.allreduce_every) if args.allreduce_every else None
     callbacks += [user] if user else []
     budget = None
@@ -196,6 +219,7 @@ def main():
     summary = {
         "rank": rank, "sync": args.sync, "loss": float(loss), "accuracy": float(acc), "avg_loss": avg_loss,
         "epochs_run": epochs_run, "steps_per_epoch": steps, "train_time_s": train_time,
+        "fit_time_s": ends.fit_s, "epoch_end_positions": ends.positions,
         "iterations": int(model.optimizer.iterations.numpy()), "weights_checksum": checksum,
         "switches": [(h["from"], h["to"], h["position"]) for h in model.optimizer._hetsync_family.history],
         "after_checkpoint_broadcast_checksum": weights_checksum(model),

@@ -20,6 +20,7 @@ from hetsync._runtime import (
 from hetsync.algorithms import available_modes
 from hetsync.consensus import consensus
 from hetsync.optimizer import DistributedOptimizer
+from hetsync.training.loop import job_steps
 
 __version__ = "0.1.0"
 
@@ -34,4 +35,5 @@ __all__ = [
     "DistributedOptimizer",
     "available_modes",
     "consensus",
+    "job_steps",
 ]

@@ -48,6 +48,18 @@ def build_slots(optimizer, variables):
                 optimizer.build(variables)
 
 
+def _left_exchange(after):
+    """Graph code, after this step's exchange (P-Reduce, partial allreduce, Hop's Recv): in a custom loop driven by
+    ``hetsync.job_steps`` the rank will not come to another hetsync collective before its next step, so it reports
+    BETWEEN now.  A Horovod collective later in the same step (Horovod's first-step ``broadcast_variables``) then
+    cannot deadlock a peer whose exchange this rank was grouped into: the peer goes on without it after
+    ``away_after`` (docs/engine.md, "Availability").  ``Model.fit`` marks the step's end itself: nothing happens."""
+    from hetsync.training import loop
+
+    with tf.control_dependencies([a for a in after if a is not None]):
+        return tf.py_function(loop.left_exchange, [], tf.int32, name="hetsync_left_exchange")
+
+
 def _densify(grads_and_vars):
     return [(tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g, v) for g, v in grads_and_vars]
 
@@ -83,6 +95,8 @@ def wrap_post_update(optimizer, algorithm):
         if hasattr(self._hetsync_algorithm, "after_update"):
             with tf.name_scope(scope):
                 self._hetsync_algorithm.after_update(variables, self.iterations)
+                # reads of the variables come after the exchange's assignments (automatic control dependencies)
+                _left_exchange([v.read_value() for v in variables])
 
     def _exchange(self, grads_and_vars):
         if not hasattr(self._hetsync_algorithm, "before_update"):
@@ -92,6 +106,8 @@ def wrap_post_update(optimizer, algorithm):
             return grads_and_vars
         with tf.name_scope(scope):
             exchanged = self._hetsync_algorithm.before_update([g for g, _ in present], [v for _, v in present])
+            if not hasattr(self._hetsync_algorithm, "after_update"):
+                _left_exchange([e for e in exchanged if isinstance(e, tf.Tensor)])
         return list(zip(exchanged, [v for _, v in present]))
 
     def apply_gradients(self, grads_and_vars, *args, **kwargs):

@@ -95,6 +95,19 @@ class SyncAlgorithm:
         """``STEPPING == "rounds"``: one Keras step (a round of local iterations); returns Keras' logs."""
         raise NotImplementedError(f"sync={self.name!r} steps {self.STEPPING!r}, not in rounds")
 
+    def begin_loop(self, model):
+        """``STEPPING == "rounds"``: a custom loop (hetsync.job_steps) starts training ``model``."""
+        raise NotImplementedError(f"sync={self.name!r} steps {self.STEPPING!r}, not in rounds")
+
+    def round_ready(self, local_steps, capability_s, finished_at):
+        """``STEPPING == "rounds"``, custom loops: after a local iteration, is the round over?"""
+        raise NotImplementedError(f"sync={self.name!r} steps {self.STEPPING!r}, not in rounds")
+
+    def finish_round(self, active, steps):
+        """``STEPPING == "rounds"``, custom loops: the round's aggregation (collective); ``active``: this rank
+        trained ``steps`` local iterations in it.  Returns how many ranks trained in the round."""
+        raise NotImplementedError(f"sync={self.name!r} steps {self.STEPPING!r}, not in rounds")
+
     def last_job_steps(self):
         """``STEPPING == "rounds"``: the train steps the whole job took in the last round (the same on every
         rank: job epochs count them)."""

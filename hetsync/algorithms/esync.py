@@ -179,6 +179,25 @@ class ESync(SyncAlgorithm):
         self.local_hooks = list(local_hooks)
         self._fresh, self._exhausted = True, False
 
+    def begin_loop(self, model):
+        """A custom loop (hetsync.job_steps) trains ``model``: rounds start afresh (w_t at the first round's end)."""
+        self.model = model
+        self._fresh, self._exhausted, self._idle = True, False, False
+        self._t_e = time.monotonic()
+
+    def round_ready(self, local_steps, capability_s, finished_at):
+        """Algorithm 1's query after a local iteration of a custom loop (blocking form)."""
+        self._c, self._t_e = capability_s, finished_at
+        self._iteration_s[0] += capability_s
+        self._iteration_s[1] += 1
+        return bool(self.client.query(local_steps, capability_s, finished_at))
+
+    def finish_round(self, active, steps):
+        """The round's roll call and aggregation in a custom loop; returns the ranks that trained in it."""
+        if active:
+            self.steps_per_round.append(steps)
+        return self._finish_round(active=active, steps=steps)
+
     def on_epoch_begin(self):
         """A new epoch has a new iterator (hetsync/training/)."""
         self._exhausted = False
@@ -217,10 +236,10 @@ class ESync(SyncAlgorithm):
             self._roll_call()
         if self._fresh:  # the model was built by this round's first iteration: w_t <- the workers' average now
             self._build(self.model)
-            _, job_steps = self._aggregate_fn(tf.constant(1.0), True, tf.constant(float(steps)))
+            trained, job_steps = self._aggregate_fn(tf.constant(1.0), True, tf.constant(float(steps)))
             self._fresh = False
         else:
-            _, job_steps = self._aggregate_fn(tf.constant(active), False, tf.constant(float(steps)))
+            trained, job_steps = self._aggregate_fn(tf.constant(active), False, tf.constant(float(steps)))
         self._job_steps = int(round(float(job_steps)))
         now = time.monotonic()
         if active:
@@ -229,6 +248,7 @@ class ESync(SyncAlgorithm):
         if not self._idle:
             self.client.reset(self._round, now)
         self._t_e = now
+        return int(round(float(trained)))
 
     def _roll_call(self):
         import grpc

@@ -1,0 +1,114 @@
+"""Real epochs: Horovod's Keras example shape, every mode against Horovod in the same run (issue: job epochs).
+
+Each job is ``examples/horovod_keras_mnist.py`` -- the structure of Horovod's ``tensorflow2_keras_mnist.py``:
+``steps_per_epoch = STEPS // size``, several epochs, Adam scaled by size, Horovod's broadcast / metric-average /
+LR-warm-up callbacks, a model built lazily -- with one line changed.  One worker is ``--factor`` times slower: every
+worker sleeps ``--compute`` seconds per train step (emulated GPU compute, so 8 workers fit on 2 cores; the real CNN
+still runs in the step) and the slow one ``factor - 1`` times that more.
+
+Per mode: rank 0's fit time (its own clock, from fit's first callback to its last), the ratio to Horovod's
+(``allreduce``, the same script and flags), the consensus model's test accuracy and its difference to Horovod's,
+and each rank's train steps (fast ranks take more in the modes whose epochs are the job's).  Writes
+``results.json`` and ``results.md`` under ``--out`` and prints progress as it goes.
+
+    python examples/bench_epochs.py --workers 4,8 --out results/epochs
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+SCRIPT = os.path.join(HERE, "horovod_keras_mnist.py")
+MODES = ["allreduce", "ripples-smart", "ripples-random", "ripples-static", "eager-solo", "eager-majority", "hop",
+         "esync", "od-sgd", "auto"]
+# Each mode with the options its own benchmark found best for one deterministic straggler (README per mode).
+OPTIONS = {"hop": {"max_ig": 12, "backup_workers": 1, "skip": 10, "skip_trigger": 2}}
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMPI_MCA_mpi_yield_when_idle": "1",
+           "OMPI_MCA_btl_vader_single_copy_mechanism": "none", "TF_CPP_MIN_LOG_LEVEL": "2",
+           "TF_NUM_INTEROP_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def launch(workers, mode, args, out_dir):
+    """One job; returns (exit code, wall seconds, the tail of its output)."""
+    cmd = ["mpirun", "-np", str(workers), "--oversubscribe", "--bind-to", "none", sys.executable, SCRIPT,
+           "--sync", mode, "--sync-options", json.dumps(OPTIONS.get(mode, {})),
+           "--epochs", str(args.epochs), "--steps-per-epoch", str(args.steps // workers),
+           "--compute", str(args.compute), "--base-time", str(args.compute), "--slow-rank", str(workers - 1),
+           "--factor", str(args.factor), "--summary-dir", out_dir, "--seed", str(args.seed)]
+    env = dict(os.environ, **MPI_ENV)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    began = time.monotonic()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=args.job_timeout)
+    with open(os.path.join(out_dir, "output.txt"), "w") as f:
+        f.write(proc.stdout)
+    return proc.returncode, time.monotonic() - began, proc.stdout[-3000:]
+
+
+def summarize(workers, mode, out_dir):
+    runs = [json.load(open(os.path.join(out_dir, f"summary{r}.json"))) for r in range(workers)]
+    return {"workers": workers, "mode": mode, "fit_s": runs[0]["fit_time_s"], "accuracy": runs[0]["accuracy"],
+            "loss": runs[0]["loss"], "train_steps": [s["iterations"] for s in runs],
+            "switches": runs[0]["switches"]}
+
+
+def table(rows):
+    lines = ["| workers | mode | fit time (s) | vs Horovod | test accuracy | vs Horovod (points) | train steps per rank |",
+             "|---|---|---|---|---|---|---|"]
+    base = {r["workers"]: r for r in rows if r["mode"] == "allreduce"}
+    for r in rows:
+        b = base.get(r["workers"])
+        ratio = f"{b['fit_s'] / r['fit_s']:.2f}x" if b else "-"
+        delta = f"{100 * (r['accuracy'] - b['accuracy']):+.1f}" if b else "-"
+        lines.append(f"| {r['workers']} | {r['mode']} | {r['fit_s']:.1f} | {ratio} | {r['accuracy']:.3f} | {delta} | "
+                     f"{', '.join(map(str, r['train_steps']))} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workers", default="4", help="comma list")
+    p.add_argument("--modes", default=",".join(MODES), help="comma list (allreduce first: the baseline)")
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--steps", type=int, default=160, help="the job's steps per epoch: each rank gets STEPS // size")
+    p.add_argument("--compute", type=float, default=0.05, help="emulated compute seconds per train step")
+    p.add_argument("--factor", type=float, default=5.0, help="the last rank is this many times slower")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--job-timeout", type=float, default=900)
+    p.add_argument("--out", default="results/epochs")
+    args = p.parse_args(argv)
+    workers = [int(w) for w in args.workers.split(",")]
+    modes = args.modes.split(",")
+    cases = [(n, m) for n in workers for m in modes]
+    rows, began = [], time.monotonic()
+    for i, (n, mode) in enumerate(cases, 1):
+        out_dir = os.path.join(args.out, f"{n}w-{mode}")
+        shutil.rmtree(out_dir, ignore_errors=True)
+        os.makedirs(out_dir)
+        code, wall, tail = launch(n, mode, args, out_dir)
+        elapsed = time.monotonic() - began
+        eta = elapsed / i * (len(cases) - i)
+        if code != 0:
+            print(f"[{i}/{len(cases)}] {n} workers {mode}: FAILED (exit {code}) after {wall:.0f} s\n{tail}", flush=True)
+            continue
+        row = summarize(n, mode, out_dir)
+        rows.append(row)
+        print(f"[{i}/{len(cases)}] {n} workers {mode}: fit {row['fit_s']:.1f} s, accuracy {row['accuracy']:.3f}, "
+              f"train steps {row['train_steps']} (job {wall:.0f} s; ETA {eta / 60:.1f} min)", flush=True)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+    text = table(rows)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(text + "\n")
+    print("\n" + text)
+
+
+if __name__ == "__main__":
+    main()

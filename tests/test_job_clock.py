@@ -1,0 +1,198 @@
+"""The Job Clock alone (hetsync/coordinator/job_clock.py), and through its gRPC service.
+
+A discrete-event simulation runs ranks of random speeds and random stop times through the protocol of
+hetsync/training/ (job_epochs.JobEpochs): an active rank claims train steps until its Keras step's slice is full, a
+stopped rank waits for the slice, every epoch ends at a global sync point, and every rank leaves at the stop step.
+Properties that a wrong rule would break:
+
+* an epoch that runs to its end is exactly ``total`` train steps of the job (not N per rank, not more);
+* no rank ever waits forever (the simulation ends), and every rank runs the same number of Keras steps;
+* a faster rank takes at least as many train steps as a slower one (the epoch is shared by speed);
+* once every rank has stopped, each learns the stop step before it passes it, and all leave after it, within
+  two Keras steps of the last stop.
+"""
+import heapq
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hetsync.coordinator.job_clock import FULL, GRANTED, STOPPED, EpochPlan, JobClock
+
+
+class Rank:
+    def __init__(self, r, speed, stop_after):
+        self.r, self.c, self.stop_after = r, speed, stop_after
+        self.position = 0     # Keras steps started (cumulative)
+        self.epoch, self.step = 0, 0
+        self.stopped = False
+        self.stop_at = None
+        self.trained = 0
+        self.done = False
+        self.first_heard = None  # position at which the rank first heard the stop step
+
+
+def simulate(speeds, stops, epochs, steps_per_epoch):
+    """Runs the protocol; returns (clock, ranks, per-epoch counts at their ends, finishing time)."""
+    n = len(speeds)
+    clock = JobClock(n)
+    ranks = [Rank(r, speeds[r], stops[r]) for r in range(n)]
+    total = sum(steps_per_epoch)
+    keras_steps = max(steps_per_epoch)
+    plan = EpochPlan(total, keras_steps)
+    events = [(0.0, r, "start_step") for r in range(n)]
+    heapq.heapify(events)
+    blocked, at_barrier, ends, decided = set(), set(), [], []
+    now = 0.0
+
+    def heard(rank, stop_at):
+        if stop_at is not None and rank.stop_at is None:
+            rank.stop_at, rank.first_heard = stop_at, rank.position
+            assert rank.position <= stop_at, "a rank passed the stop step before hearing of it"
+
+    def end_step(rank, t):
+        rank.step += 1
+        if rank.stop_after is not None and t >= rank.stop_after and not rank.stopped:
+            rank.stopped = True
+            heard(rank, clock.stop(rank.r, rank.position))
+            if clock.stop_at is not None:
+                decided.append(t)
+        if rank.stop_at is not None and rank.position >= rank.stop_at:
+            rank.done = True
+            return
+        if rank.step == keras_steps:
+            at_barrier.add(rank.r)
+            if len(at_barrier) + sum(x.done for x in ranks) == n:  # the epoch-end sync point: a global barrier
+                ends.append(clock.counts[rank.epoch])
+                for x in ranks:
+                    if x.r in at_barrier:
+                        x.epoch += 1
+                        x.step = 0
+                        if x.epoch < epochs:
+                            heapq.heappush(events, (t, x.r, "start_step"))
+                        else:
+                            x.done = True
+                at_barrier.clear()
+            return
+        heapq.heappush(events, (t, rank.r, "start_step"))
+
+    def act(rank, t, what):
+        if what == "start_step":
+            rank.position += 1
+            what = "claim"
+        if rank.stop_at is not None:  # every rank stopped: empty steps to the stop step
+            return end_step(rank, t)
+        if rank.stopped:
+            if clock.reached(rank.r, rank.epoch, rank.step, rank.position, plan):
+                heard(rank, clock.stop_at)
+                return end_step(rank, t)
+            blocked.add(rank.r)
+            return None
+        status, count, = clock.claim(rank.r, rank.epoch, rank.step, rank.position, plan)
+        heard(rank, clock.stop_at)
+        if status == GRANTED:
+            rank.trained += 1
+            full = count >= plan.boundary(rank.step)
+            heapq.heappush(events, (t + rank.c, rank.r, "trained_full" if full else "trained"))
+            return None
+        assert status in (FULL, STOPPED)
+        return end_step(rank, t)
+
+    guard = 0
+    while events:
+        guard += 1
+        assert guard < 200000, "simulation did not end"
+        now, r, what = heapq.heappop(events)
+        rank = ranks[r]
+        if what == "trained_full":
+            end_step(rank, now)
+        else:
+            act(rank, now, "claim" if what == "trained" else what)
+        for b in sorted(blocked):  # a claim may have filled a stopped rank's slice, or the stop step was named
+            blocked.discard(b)
+            act(ranks[b], now, "claim")
+    assert all(x.done for x in ranks), [(x.r, x.position, x.stopped, x.epoch) for x in ranks]
+    return clock, ranks, ends, now, decided
+
+
+speeds = st.lists(st.sampled_from([1.0, 1.0, 1.5, 2.0, 5.0]), min_size=2, max_size=6)
+
+
+@settings(max_examples=120, deadline=None)
+@given(speeds=speeds, epochs=st.integers(1, 3), n=st.integers(1, 8), data=st.data())
+def test_epochs_are_the_jobs_steps_shared_by_speed(speeds, epochs, n, data):
+    uneven = data.draw(st.lists(st.integers(0, 3), min_size=len(speeds), max_size=len(speeds)))
+    steps = [max(1, n + 3 - u) for u in uneven]
+    clock, ranks, ends, _, _ = simulate(speeds, [None] * len(speeds), epochs, steps)
+    assert ends == [sum(steps)] * epochs  # exactly the job's steps, every epoch
+    assert len({x.position for x in ranks}) == 1  # the same Keras steps everywhere
+    assert ranks[0].position == epochs * max(steps)
+    for a in ranks:
+        for b in ranks:
+            if a.c * 2 <= b.c:  # twice as fast at least: at least as many train steps (the slow rank's last
+                assert a.trained + 1 >= b.trained, [(x.c, x.trained) for x in ranks]  # one may overlap the end
+
+
+@settings(max_examples=120, deadline=None)
+@given(speeds=speeds, data=st.data())
+def test_everyone_leaves_together_soon_after_the_last_stop(speeds, data):
+    n = len(speeds)
+    stops = data.draw(st.lists(st.floats(0.0, 40.0), min_size=n, max_size=n))
+    clock, ranks, ends, finish, decided = simulate(speeds, stops, epochs=1, steps_per_epoch=[100000] * n)
+    assert clock.stop_at is not None and len(decided) == 1
+    assert len({x.position for x in ranks}) == 1 and ranks[0].position == clock.stop_at
+    # The last rank notices its stop at its first Keras step end past its threshold: when it trains alone a Keras
+    # step is `size` of its train steps (the job's slice).  From the decision on, nobody trains: every rank leaves
+    # once the train step it has in flight is done.
+    assert decided[0] <= max(stops) + n * max(speeds) + 1e-9
+    assert finish <= decided[0] + max(speeds) + 1e-9, (finish, decided)
+    assert all(x.first_heard is not None and x.first_heard <= clock.stop_at for x in ranks)
+
+
+def test_plans_must_agree_and_positions_only_grow():
+    clock = JobClock(2)
+    plan = EpochPlan(8, 4)
+    assert clock.claim(0, 0, 0, 1, plan)[0] == GRANTED
+    with pytest.raises(ValueError, match="pass the same steps_per_epoch"):
+        clock.claim(1, 0, 0, 1, EpochPlan(10, 5))
+    with pytest.raises(ValueError, match="positions only grow"):
+        clock.claim(0, 0, 0, 0, plan)
+    with pytest.raises(ValueError, match="out of range"):
+        clock.stop(2, 1)
+    with pytest.raises(ValueError):
+        EpochPlan(3, 4)
+    assert [EpochPlan(10, 4).boundary(k) for k in range(4)] == [math.ceil(2.5 * (k + 1)) for k in range(4)]
+
+
+def test_service_over_grpc_with_the_job_secret():
+    """The same clock through rank 0's coordinator server: claims, a stopped rank's wait woken by a claim, the
+    stop step, and a wrong secret refused."""
+    import threading
+
+    import grpc
+
+    from hetsync.coordinator.job_service import JobClockClient
+    from hetsync.coordinator.server import start_server
+
+    server, _ = start_server(2)
+    with server:
+        a = JobClockClient(server.address, server.secret, 0, timeout=10)
+        b = JobClockClient(server.address, server.secret, 1, timeout=10)
+        plan = EpochPlan(4, 2)
+        assert a.claim(0, 0, 1, plan)[:2] == (GRANTED, 1)
+        b.stop(1)
+        out = {}
+        waiter = threading.Thread(target=lambda: out.setdefault("r", b.reached(0, 0, 1, plan, wait_s=5.0)))
+        waiter.start()
+        assert a.claim(0, 0, 1, plan)[:2] == (GRANTED, 2)  # fills slice 0: wakes rank 1's wait
+        waiter.join(10)
+        assert out["r"] == (True, None)
+        assert a.stop(2) == 3  # every rank stopped: one past the furthest position
+        assert b.reached(0, 1, 2, plan, wait_s=0.0) == (True, 3)
+        bad = JobClockClient(server.address, "wrong", 0, timeout=10)
+        with pytest.raises(grpc.RpcError) as err:
+            bad.claim(0, 0, 4, plan)
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        for c in (a, b, bad):
+            c.close()
