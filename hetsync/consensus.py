@@ -50,7 +50,7 @@ def sync_point(model, algorithm, idle, weight=1.0, average=True, name="hetsync.s
     if algorithm is not None:
         algorithm.on_consensus_begin()
     if average:
-        _weighted_average(model, weight, name)
+        _weighted_average(model, weight, name, exclude=algorithm.local_vars if algorithm is not None else ())
     flag = hvd.allreduce(tf.constant(1.0 if idle else 0.0), op=hvd.Min, name=f"{name}.idle")
     all_idle = bool(flag.numpy() >= 1.0)
     if algorithm is not None:
@@ -58,12 +58,13 @@ def sync_point(model, algorithm, idle, weight=1.0, average=True, name="hetsync.s
     return all_idle
 
 
-def _weighted_average(model, weight, name):
-    """sum(w_r x_r) / sum(w_r) over ranks, in float64 with Horovod Sum: identical models stay bit-identical."""
+def _weighted_average(model, weight, name, exclude=()):
+    """sum(w_r x_r) / sum(w_r) over ranks, in float64 with Horovod Sum: identical models stay bit-identical.
+    ``exclude``: refs of worker-local variables (Horovod's register_local_var), which keep their own values."""
     import tensorflow as tf
 
     hvd = _hvd()
-    variables = _averageable(model.variables)
+    variables = [v for v in _averageable(model.variables) if v.ref() not in exclude]
     if not variables:
         return
     w = tf.constant(float(weight), tf.float64)

@@ -59,6 +59,11 @@ class Entry:
         self.algorithm, self.optimizer = algorithm, optimizer
         self.train_function = None
         self.fresh = True  # wrapped and not yet left: ``wrap`` did the set-up ``activate`` would redo
+        self.horovod_register = None
+
+    def register(self, var):
+        if self.horovod_register is not None:
+            self.horovod_register(self.optimizer, var)
 
 
 class Family:
@@ -76,6 +81,7 @@ class Family:
         self.pending = None                 # the decision this rank will carry out at its step ``at``
         self.history = []                   # switches done on this rank (dicts), for reports
         self.pretrace = []                  # (mode, options) whose train steps the first step traces (auto)
+        self.local_vars = set()             # refs registered with register_local_var, shared by every mode
 
     # -- entries ----------------------------------------------------------------------------------------------
     def validate(self, mode, options):
@@ -87,13 +93,25 @@ class Family:
         key = key_of(mode, options)
         if key not in self.entries:
             algorithm = algorithms.create(mode, **options, **self.horovod_kwargs)
+            algorithm.local_vars = self.local_vars
             optimizer = algorithm.wrap(self.base)
             algorithm.make_compute_stamp()
             if getattr(optimizer, "_hetsync_algorithm", None) is None:
                 optimizer._hetsync_algorithm = algorithm
             optimizer._hetsync_family = self
-            self.entries[key] = Entry(mode, options, algorithm, optimizer)
+            entry = self.entries[key] = Entry(mode, options, algorithm, optimizer)
+            entry.horovod_register = getattr(type(optimizer), "register_local_var", None)  # Horovod-based modes
+            for ref in self.local_vars:
+                entry.register(ref.deref())
+            optimizer.register_local_var = self.register_local_var
         return self.entries[key]
+
+    def register_local_var(self, var):
+        """Horovod's ``register_local_var``: ``var`` stays this worker's own in every mode of the family -- no
+        exchange, no consensus average (Horovod-based modes: Horovod's own rule, it is not allreduced)."""
+        self.local_vars.add(var.ref())
+        for entry in self.entries.values():
+            entry.register(var)
 
     @property
     def current_entry(self):
@@ -193,7 +211,7 @@ def perform(sync_points, mode, options, reason, decision_id=None):
     old.on_consensus_begin()
     old.deactivate()
     ops.withdraw()
-    _weighted_average(model, 1.0 if sync_points.steps_since_sync > 0 else 0.0,
+    _weighted_average(model, 1.0 if sync_points.steps_since_sync > 0 else 0.0, exclude=family.local_vars, name=
                       f"hetsync.switch.{len(family.history)}")
     inner = getattr(model.train_function, "_hetsync_inner", model.train_function)
     old_entry.train_function = inner

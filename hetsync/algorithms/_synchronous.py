@@ -23,3 +23,23 @@ class IdleContribution:
 
     def on_resume(self):
         self.contribution.assign(1.0)
+
+
+def loss_scale_parts(optimizer):
+    """(inner optimizer, rewrap) for a Keras ``LossScaleOptimizer`` (mixed precision), else (optimizer, identity).
+
+    Horovod 0.28's DistributedOptimizer cannot wrap Keras 2.15's loss-scale optimizer (it rebuilds the optimizer
+    from its config, which that class does not allow), so the Horovod-based modes wrap the inner optimizer and put
+    the same loss scaling back around it: the allreduce then sees unscaled gradients, as Horovod's mixed-precision
+    guide has it.  A step whose gradients overflow on one rank only is skipped there alone, as with Horovod."""
+    inner = getattr(optimizer, "inner_optimizer", None)
+    if inner is None or not hasattr(optimizer, "get_scaled_loss"):
+        return optimizer, lambda wrapped: wrapped
+    settings = {"dynamic": optimizer.dynamic, "initial_scale": float(optimizer.initial_scale)}
+    if optimizer.dynamic:
+        settings["dynamic_growth_steps"] = optimizer.dynamic_growth_steps
+
+    def rewrap(wrapped):
+        return tf.keras.mixed_precision.LossScaleOptimizer(wrapped, **settings)
+
+    return inner, rewrap

@@ -60,6 +60,20 @@ def _left_exchange(after):
         return tf.py_function(loop.left_exchange, [], tf.int32, name="hetsync_left_exchange")
 
 
+def rebuild_from_config(cls, base, algorithm):
+    """Gives ``cls`` (a class made for one wrapped optimizer: ours, or Horovod's dynamic one) Horovod's
+    ``from_config``: a new optimizer of the same mode and options from ``get_config()`` -- the user's optimizer's
+    config.  Collective, like ``hetsync.DistributedOptimizer``, so every rank rebuilds it (as hvd.load_model)."""
+
+    def from_config(klass, config, custom_objects=None):
+        from hetsync.optimizer import DistributedOptimizer
+
+        fresh = base.from_config(config, custom_objects) if custom_objects else base.from_config(config)
+        return DistributedOptimizer(fresh, sync=algorithm.name, **algorithm.options, **algorithm.horovod_kwargs)
+
+    cls.from_config = classmethod(from_config)
+
+
 def _densify(grads_and_vars):
     return [(tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g, v) for g, v in grads_and_vars]
 
@@ -92,7 +106,8 @@ def wrap_post_update(optimizer, algorithm):
     scope = getattr(algorithm, "scope_name", None) or f"Distributed{base.__name__}"
 
     def _sync(self, variables):
-        if hasattr(self._hetsync_algorithm, "after_update"):
+        variables = self._hetsync_algorithm.shared(variables)
+        if hasattr(self._hetsync_algorithm, "after_update") and variables:
             with tf.name_scope(scope):
                 self._hetsync_algorithm.after_update(variables, self.iterations)
                 # reads of the variables come after the exchange's assignments (automatic control dependencies)
@@ -101,14 +116,16 @@ def wrap_post_update(optimizer, algorithm):
     def _exchange(self, grads_and_vars):
         if not hasattr(self._hetsync_algorithm, "before_update"):
             return grads_and_vars
-        present = [(tf.convert_to_tensor(g), v) for g, v in grads_and_vars if g is not None]
+        local = self._hetsync_algorithm.local_vars
+        kept = [(g, v) for g, v in grads_and_vars if g is not None and v.ref() in local]  # worker-local: as is
+        present = [(tf.convert_to_tensor(g), v) for g, v in grads_and_vars if g is not None and v.ref() not in local]
         if not present:
             return grads_and_vars
         with tf.name_scope(scope):
             exchanged = self._hetsync_algorithm.before_update([g for g, _ in present], [v for _, v in present])
             if not hasattr(self._hetsync_algorithm, "after_update"):
                 _left_exchange([e for e in exchanged if isinstance(e, tf.Tensor)])
-        return list(zip(exchanged, [v for _, v in present]))
+        return list(zip(exchanged, [v for _, v in present])) + kept
 
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         grads_and_vars = list(grads_and_vars)
@@ -155,7 +172,8 @@ def wrap_post_update(optimizer, algorithm):
             return tf.identity(self.iterations)
 
     cls = type(base.__name__, (base,), {"apply_gradients": apply_gradients, "__module__": base.__module__})
-    wrapped = cls.from_config(optimizer.get_config())
+    wrapped = base.from_config.__func__(cls, optimizer.get_config())
+    rebuild_from_config(cls, base, algorithm)
     wrapped._hetsync_accumulation = _Accumulation()
     wrapped._hetsync_algorithm = algorithm
     return wrapped

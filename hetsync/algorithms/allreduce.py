@@ -5,7 +5,8 @@ horovod_kwargs.NAMES, handed over unchanged; unset ones keep Horovod's defaults 
 benchmark that compares a mode against "allreduce" compares it against plain Horovod in the same run.
 """
 from hetsync.algorithms import horovod_kwargs, register
-from hetsync.algorithms._synchronous import IdleContribution
+from hetsync.algorithms._synchronous import IdleContribution, loss_scale_parts
+from hetsync.algorithms._wrap import rebuild_from_config
 from hetsync.algorithms.base import SyncAlgorithm
 
 
@@ -22,7 +23,9 @@ class HorovodAllreduce(IdleContribution, SyncAlgorithm):
 
         import horovod.tensorflow.keras as hvd_keras
 
+        optimizer, loss_scaled = loss_scale_parts(optimizer)
         wrapped = hvd_keras.DistributedOptimizer(optimizer, **self.horovod_kwargs)
+        rebuild_from_config(type(wrapped), type(optimizer), self)  # Horovod's class is made for this optimizer
         # This rank's weight in the gradient average: 1, or 0 while it is idle (it stopped early; its steps still
         # take part in the others' allreduce, as Horovod's join would make them).  g * 1.0 == g exactly, so an
         # active rank computes what hvd.DistributedOptimizer computes, bit for bit.  Patched on the instance:
@@ -37,7 +40,7 @@ class HorovodAllreduce(IdleContribution, SyncAlgorithm):
             return inner([_scaled(g, contribution) for g in grads], variables)
 
         wrapped._allreduce = types.MethodType(_allreduce, wrapped)
-        return wrapped
+        return loss_scaled(wrapped)
 
 
 

@@ -53,6 +53,9 @@ class SyncAlgorithm:
                 f"DistributedOptimizer keyword arguments (accepted by every mode): "
                 f"{', '.join(sorted(horovod_kwargs.NAMES))}")
         self.options = {**self.OPTIONS, **{k: v for k, v in options.items() if k in self.OPTIONS}}
+        # Horovod's register_local_var: refs of variables that stay this worker's own (no exchange, no consensus
+        # average).  One set for every mode of a family (switching.Family shares it).
+        self.local_vars = set()
         self.horovod_kwargs = {k: v for k, v in options.items() if k in horovod_kwargs.NAMES}
         if self.HOROVOD_PASSTHROUGH:
             resolved = None
@@ -164,6 +167,10 @@ class SyncAlgorithm:
         """``time.time()`` when the last step's gradients were ready (0.0: the mode does not stamp)."""
         stamp = getattr(self, "_compute_stamp", None)
         return float(stamp.numpy()) if stamp is not None else 0.0
+
+    def shared(self, variables):
+        """``variables`` without the worker-local ones (what the mode exchanges and the consensus averages)."""
+        return [v for v in variables if v.ref() not in self.local_vars]
 
     def metrics(self):
         """Method-specific counters for reports (dict of numbers)."""

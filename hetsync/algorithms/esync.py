@@ -111,9 +111,9 @@ class ESync(SyncAlgorithm):
             return
         self._built_for = model
         self.model = model
-        trainable = list(model.trainable_variables)
-        ids = {id(v) for v in trainable}
-        others = [v for v in model.variables if v.dtype.is_floating and id(v) not in ids]
+        trainable = self.shared(model.trainable_variables)
+        ids = {id(v) for v in model.trainable_variables}
+        others = [v for v in self.shared(model.variables) if v.dtype.is_floating and id(v) not in ids]
         with tf.init_scope():
             self._globals = [tf.Variable(v.read_value(), trainable=False, name="hetsync_esync_w_t")
                              for v in trainable]

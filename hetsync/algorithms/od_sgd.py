@@ -33,8 +33,8 @@ Choices where the paper is silent (README, "OD-SGD"):
 import tensorflow as tf
 
 from hetsync.algorithms import horovod_kwargs, register
-from hetsync.algorithms._synchronous import IdleContribution
-from hetsync.algorithms._wrap import build_slots
+from hetsync.algorithms._synchronous import IdleContribution, loss_scale_parts
+from hetsync.algorithms._wrap import build_slots, rebuild_from_config
 from hetsync.algorithms.base import SyncAlgorithm
 
 LOCAL_UPDATERS = ("sgd", "dc-asgd-c", "dc-asgd-a")
@@ -78,7 +78,9 @@ class ODSGD(IdleContribution, SyncAlgorithm):
         from hetsync import _runtime
 
         _runtime.require_init("sync='od-sgd'")
+        optimizer, loss_scaled = loss_scale_parts(optimizer)
         wrapped = hvd_keras.DistributedOptimizer(optimizer, **self.horovod_kwargs)
+        rebuild_from_config(type(wrapped), type(optimizer), self)  # Horovod's class is made for this optimizer
         self.make_contribution()
         with tf.init_scope():
             self.pending = tf.Variable(False, trainable=False, name="hetsync_od_pending")
@@ -123,7 +125,7 @@ class ODSGD(IdleContribution, SyncAlgorithm):
         wrapped._allreduce = types.MethodType(_allreduce, wrapped)
         wrapped.apply_gradients = types.MethodType(apply_gradients, wrapped)
         wrapped._hetsync_algorithm = self
-        return wrapped
+        return loss_scaled(wrapped)
 
     def in_warmup(self):
         """``iterations < warmup_steps``, rounded up to whole updates: with ``backward_passes_per_step`` N Horovod's

@@ -1,0 +1,133 @@
+"""Run under mpirun -np 4: Horovod's TF2 custom training loop (tensorflow2_mnist.py's step, with its first-step
+``broadcast_variables`` inside the tf.function) in every mode, one loop after another in one job.
+
+Per mode, rank 3 is 5x slower (emulated compute), rank r has 3r fewer steps (uneven shards), and in the second
+loop ranks 0 and 3 stop on their own clocks (``steps.stop()``).  Checks, on every rank:
+
+* no deadlock (the first step's broadcast inside the step while peers are in a P-Reduce or partial allreduce), no
+  engine failure, exit 0;
+* one model on every rank after ``finish()`` (checksums allgathered);
+* modes whose ranks step at their own pace ("own", "rounds"): the loop's budget is the job's: without stops the
+  ranks together trained exactly sum(N_r) batches ("own"; ESync's last round may overshoot by its local
+  iterations), the slow rank fewer than every fast rank; with stops, the ranks still training took more than their
+  own N_r;
+* lockstep modes: every rank yielded max(N_r) batches (idle ones past its own), so every gradient allreduce paired;
+  with stops, every rank left at the same batch;
+* the loss went down.
+Prints OK rank=R.
+"""
+import hashlib
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+import horovod.tensorflow as hvd  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import hetsync  # noqa: E402
+from hetsync import algorithms  # noqa: E402
+
+SLOW, FACTOR, COMPUTE = 3, 5, 0.01
+OPTIONS = {"hop": {"max_ig": 12, "backup_workers": 1, "skip": 10, "skip_trigger": 2}}
+# Modes in which a fast rank runs ahead of a slow one (the others group or schedule it with the slow rank: Ripples'
+# static schedule, a random GG, eager-SGD's majority wait for it often enough to keep the counts close).
+DECOUPLED = ("ripples-smart", "eager-solo", "hop", "esync")
+
+
+def data():
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    return (d.images / 16.0).astype("float32")[..., None], d.target.astype("int64")
+
+
+def checksum(model):
+    flat = np.concatenate([w.ravel() for w in model.get_weights()]).astype(np.float32)
+    return int(hashlib.sha256(flat.tobytes()).hexdigest()[:12], 16)
+
+
+def one_loop(mode, x, y, own, budget, tag):
+    rank, size = hvd.rank(), hvd.size()
+    tf.keras.utils.set_random_seed(rank + 7)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().shuffle(500, seed=rank).batch(32)
+    model = tf.keras.Sequential([tf.keras.layers.Conv2D(8, 3, activation="relu"), tf.keras.layers.Flatten(),
+                                 tf.keras.layers.Dense(10)])
+    loss = tf.losses.SparseCategoricalCrossentropy(from_logits=True)
+    opt = hetsync.DistributedOptimizer(tf.optimizers.Adam(0.002 * size), sync=mode, **OPTIONS.get(mode, {}))
+
+    @tf.function
+    def training_step(images, labels, first_batch):
+        with tf.GradientTape() as tape:
+            loss_value = loss(labels, model(images, training=True))
+        grads = tape.gradient(loss_value, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        if first_batch:
+            hvd.broadcast_variables(model.variables, root_rank=0)
+            hvd.broadcast_variables(opt.variables(), root_rank=0)
+        return loss_value
+
+    delay = COMPUTE * (FACTOR if rank == SLOW else 1)
+    steps = hetsync.job_steps(dataset, own, model, opt)
+    t0, losses = time.monotonic(), []
+    for batch, (images, labels) in enumerate(steps):
+        time.sleep(delay)
+        losses.append(float(training_step(images, labels, batch == 0)))
+        if budget is not None and time.monotonic() - t0 > budget:
+            steps.stop()
+    trained = steps.finish()
+    final = float(loss(y[:300], model(x[:300], training=False)))
+    sums = hvd.allgather_object(checksum(model), name=f"loops.sum.{tag}")
+    assert len(set(sums)) == 1, (mode, sums)
+    counts = hvd.allgather_object((trained, steps.yielded), name=f"loops.counts.{tag}")
+    return trained, steps.yielded, counts, final
+
+
+def main():
+    hvd.init()
+    hetsync.init()
+    rank, size = hvd.rank(), hvd.size()
+    x, y = data()
+    modes = sys.argv[1].split(",") if len(sys.argv) > 1 else algorithms.available_modes()
+    owns = [30 - 3 * r for r in range(size)]
+    own = owns[rank]
+    results = {}
+    for i, mode in enumerate(modes):
+        stepping = algorithms._REGISTRY[mode].STEPPING
+        trained, yielded, counts, final = one_loop(mode, x, y, own, None, f"{i}.a")
+        total = sum(c[0] for c in counts)
+        if stepping == "own":
+            assert total == sum(owns), (mode, counts, sum(owns))
+        elif stepping == "rounds":  # the round that crosses the budget completes
+            assert sum(owns) <= total <= sum(owns) + size * 10, (mode, counts)
+        else:
+            assert all(c[1] == max(owns) for c in counts), (mode, counts)
+            assert [c[0] for c in counts] == owns, (mode, counts)
+        if stepping != "lockstep":  # shared by speed; strictly where the mode lets fast ranks run ahead
+            faster = [c[0] for r, c in enumerate(counts) if r != SLOW]
+            if mode in DECOUPLED:
+                assert all(counts[SLOW][0] < f for f in faster), (mode, counts)
+            assert counts[SLOW][0] <= max(faster), (mode, counts)
+        assert final < 2.0, (mode, final)
+        # the second loop: ranks 0 and 3 stop on their own clocks
+        budget = {0: 0.3, SLOW: 0.6}.get(rank)
+        trained2, yielded2, counts2, _ = one_loop(mode, x, y, own, budget, f"{i}.b")
+        if stepping == "lockstep":
+            assert len({c[1] for c in counts2}) == 1, (mode, counts2)
+        elif stepping == "own":
+            assert counts2[1][0] > owns[1] and counts2[2][0] > owns[2], (mode, counts2, owns)
+        results[mode] = (counts, counts2, round(final, 3))
+        if rank == 0:
+            print(f"{mode}: trained/yielded {counts} | with stops {counts2} | loss {final:.3f}", flush=True)
+    stats = hetsync.ops.engine_stats()
+    assert stats["failed"] == 0, stats
+    hetsync.shutdown()
+    print(f"OK rank={rank} {json.dumps({m: r[2] for m, r in results.items()})}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""Run under mpirun -np 4: one 100,000-step epoch per mode (argument: modes, default all and auto), every rank
+stopping on its own clock (rank r after 2 + 0.5 r seconds of its fit; rank 3 also 5x slower), a user callback
+calling ``hvd.allreduce`` every 7 batches.
+
+Without an agreed stop step the job would run the whole epoch (about 1,000 s per mode here) or hang.  Checks, per
+mode, on every rank: ``fit`` returns within 30 s of this rank's own stop (the last rank stops 1.5 s after the
+first: the rest is the job's last steps and the end round, a few seconds on this machine); every rank ran the same
+Keras steps and the same user collectives; one model everywhere.  Prints OK rank=R.
+"""
+import hashlib
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+import horovod.tensorflow as hvd_tf  # noqa: E402
+import horovod.tensorflow.keras as hvd  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import hetsync  # noqa: E402
+import hetsync.training  # noqa: E402
+import keras_callbacks  # noqa: E402
+from hetsync import algorithms  # noqa: E402
+
+SLACK_S = 30.0
+
+
+class Budget(tf.keras.callbacks.Callback):
+    def __init__(self, seconds):
+        super().__init__()
+        self.seconds, self.t0, self.stopped_at, self.end = seconds, None, None, None
+
+    def on_train_begin(self, logs=None):
+        self.t0 = time.monotonic()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.stopped_at is None and time.monotonic() - self.t0 > self.seconds:
+            self.stopped_at = time.monotonic()
+            self.model.stop_training = True
+
+    def on_train_end(self, logs=None):
+        self.end = time.monotonic()
+
+
+class UserAllreduce(tf.keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.count = self.calls = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.count += 1
+        if self.count % 7 == 0:
+            hvd.allreduce(tf.constant(1.0), name=f"user.{self.calls}")
+            self.calls += 1
+
+
+def main():
+    hvd.init()
+    hetsync.init()
+    rank = hvd.rank()
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x, y = (d.images / 16.0).astype("float32")[..., None], d.target.astype("int64")
+    modes = sys.argv[1].split(",") if len(sys.argv) > 1 else algorithms.available_modes() + ["auto"]
+    for i, mode in enumerate(modes):
+        tf.keras.utils.set_random_seed(rank)
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().shuffle(500, seed=rank).batch(32)
+        model = tf.keras.Sequential([tf.keras.layers.Flatten(), tf.keras.layers.Dense(32, activation="relu"),
+                                     tf.keras.layers.Dense(10)])
+        model.compile(loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      optimizer=hetsync.DistributedOptimizer(tf.keras.optimizers.Adam(0.004), sync=mode))
+        budget, user = Budget(2.0 + 0.5 * rank), UserAllreduce()
+        callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                     keras_callbacks.Slowdown("deterministic", ranks=[3], factor=5.0, base_time=0.005), budget, user]
+        before = hetsync.training.position()
+        model.fit(ds, steps_per_epoch=100000, epochs=1, callbacks=callbacks, verbose=0)
+        late = budget.end - budget.stopped_at
+        assert late < SLACK_S, (mode, f"fit ended {late:.1f} s after this rank stopped")
+        keras_steps = hetsync.training.position() - before
+        flat = np.concatenate([w.ravel() for w in model.get_weights()])
+        row = (keras_steps, user.calls, hashlib.sha256(flat.tobytes()).hexdigest()[:12])
+        rows = hvd_tf.allgather_object(row, name=f"long.{i}")
+        assert len(set(rows)) == 1, (mode, rows)
+        if rank == 0:
+            print(f"{mode}: every rank left after {keras_steps} Keras steps, {late:.1f} s after rank 0's stop",
+                  flush=True)
+    assert hetsync.ops.engine_stats()["failed"] == 0
+    hetsync.shutdown()
+    print(f"OK rank={rank}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
