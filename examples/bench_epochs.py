@@ -34,10 +34,19 @@ MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "TF_NUM_INTEROP_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
-def launch(workers, mode, args, out_dir):
+def parse_run(run):
+    """A run is a mode name, optionally followed by its options as JSON: ``od-sgd{"local_lr": 0.0}``."""
+    at = run.find("{")
+    if at < 0:
+        return run, OPTIONS.get(run, {})
+    return run[:at], json.loads(run[at:])
+
+
+def launch(workers, run, args, out_dir):
     """One job; returns (exit code, wall seconds, the tail of its output)."""
+    mode, options = parse_run(run)
     cmd = ["mpirun", "-np", str(workers), "--oversubscribe", "--bind-to", "none", sys.executable, SCRIPT,
-           "--sync", mode, "--sync-options", json.dumps(OPTIONS.get(mode, {})),
+           "--sync", mode, "--sync-options", json.dumps(options),
            "--epochs", str(args.epochs), "--steps-per-epoch", str(args.steps // workers),
            "--compute", str(args.compute), "--base-time", str(args.compute), "--slow-rank", str(workers - 1),
            "--factor", str(args.factor), "--summary-dir", out_dir, "--seed", str(args.seed)]
@@ -75,7 +84,8 @@ def table(rows):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workers", default="4", help="comma list")
-    p.add_argument("--modes", default=",".join(MODES), help="comma list (allreduce first: the baseline)")
+    p.add_argument("--modes", default=";".join(MODES),
+                   help='";" list of runs: a mode, or a mode with its options as JSON (od-sgd{"local_lr": 0.0})')
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--steps", type=int, default=160, help="the job's steps per epoch: each rank gets STEPS // size")
     p.add_argument("--compute", type=float, default=0.05, help="emulated compute seconds per train step")
@@ -85,11 +95,12 @@ def main(argv=None):
     p.add_argument("--out", default="results/epochs")
     args = p.parse_args(argv)
     workers = [int(w) for w in args.workers.split(",")]
-    modes = args.modes.split(",")
+    modes = args.modes.split(";")
     cases = [(n, m) for n in workers for m in modes]
     rows, began = [], time.monotonic()
     for i, (n, mode) in enumerate(cases, 1):
-        out_dir = os.path.join(args.out, f"{n}w-{mode}")
+        slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in mode)
+        out_dir = os.path.join(args.out, f"{n}w-{slug}")
         shutil.rmtree(out_dir, ignore_errors=True)
         os.makedirs(out_dir)
         code, wall, tail = launch(n, mode, args, out_dir)
