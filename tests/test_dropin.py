@@ -78,8 +78,8 @@ def test_horovod_example_with_a_slow_rank_and_user_collectives(mode, tmp_path):
     stepping = algorithms._REGISTRY[mode].STEPPING if mode != "auto" else None
     if stepping == "lockstep":  # ... synchronous modes: N train steps per rank per epoch, as Horovod
         assert steps == [epochs * 40] * 4, steps
-    elif stepping == "own":  # ... the job's N x size train steps per epoch, shared by speed
-        assert sum(steps) == epochs * 40 * 4, steps
+    elif stepping == "own":  # ... the job's N x size train steps per epoch, shared by speed (the fit's first
+        assert epochs * 40 * 4 <= sum(steps) <= epochs * 40 * 4 + 3, steps  # train step is every rank's)
     elif stepping == "rounds":  # ESync: the round that reaches the epoch's count completes (at most 4 more each)
         assert epochs * 40 * 4 <= sum(steps) <= epochs * (40 * 4 + 4 * 16), steps
     if mode in DECOUPLED:  # the slow rank 3 took fewer train steps than every fast rank

@@ -163,6 +163,13 @@ def test_plans_must_agree_and_positions_only_grow():
     with pytest.raises(ValueError):
         EpochPlan(3, 4)
     assert [EpochPlan(10, 4).boundary(k) for k in range(4)] == [math.ceil(2.5 * (k + 1)) for k in range(4)]
+    # a fit's first train step is every rank's, even past the slice (Horovod's first-batch broadcast needs every
+    # rank's model and optimizer built): granted and counted
+    clock = JobClock(3)
+    plan = EpochPlan(3, 3)
+    assert clock.claim(0, 0, 0, 1, plan) == (GRANTED, 1)
+    assert clock.claim(1, 0, 0, 1, plan)[0] == FULL
+    assert clock.claim(2, 0, 0, 1, plan, force=True) == (GRANTED, 2)
 
 
 def test_service_over_grpc_with_the_job_secret():

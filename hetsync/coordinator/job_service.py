@@ -47,7 +47,7 @@ class JobServicer(pb2_grpc.JobClockServicer):
     def JobClaim(self, request, context):
         def claim(clock):
             status, count = clock.claim(request.worker, request.epoch, request.step, request.position,
-                                        self._plan(request))
+                                        self._plan(request), force=request.force)
             if status == GRANTED:
                 self._cv.notify_all()
             return self._reply(status, count, clock)
@@ -100,10 +100,12 @@ class JobClockClient:
                               position=int(position), total=plan.total if plan else 0,
                               keras_steps=plan.keras_steps if plan else 0, wait_s=float(wait_s))
 
-    def claim(self, epoch, step, position, plan):
+    def claim(self, epoch, step, position, plan, force=False):
         """(status, count, stop_at or None): status is job_clock.GRANTED, FULL or STOPPED."""
         self.calls += 1
-        r = self._stub.JobClaim(self._msg(epoch, step, position, plan), timeout=self.timeout)
+        msg = self._msg(epoch, step, position, plan)
+        msg.force = bool(force)
+        r = self._stub.JobClaim(msg, timeout=self.timeout)
         return r.status, r.count, (None if r.stop_at < 0 else r.stop_at)
 
     def reached(self, epoch, step, position, plan, wait_s):

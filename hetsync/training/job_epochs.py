@@ -50,12 +50,14 @@ class JobEpochs:
         """This Keras step's slice is full by what the rank last heard (``rounds`` modes count exactly)."""
         return self.count >= self.plan.boundary(self.step)
 
-    def claim_and_run(self, position, run_one):
+    def claim_and_run(self, position, run_one, first=False):
         """An active rank's Keras step (``own`` modes): claim and run train steps until the slice is full.
-        Returns the last step's logs, or None when the slice was already full."""
+        Returns the last step's logs, or None when the slice was already full.  ``first``: the fit's first Keras
+        step, whose first train step every rank takes (job_clock.JobClock.claim's ``force``)."""
         logs = None
         while True:
-            status, self.count, stop_at = self.client.claim(self.epoch, self.step, position, self.plan)
+            status, self.count, stop_at = self.client.claim(self.epoch, self.step, position, self.plan, force=first)
+            first = False
             self._heard(stop_at)
             if status != GRANTED:
                 return logs

@@ -114,7 +114,8 @@ class JobSteps:
         if self.stepping == "own":
             if self.stopped:
                 return False
-            status, _, _ = self.job.client.claim(self.job.epoch, 0, rank_state.position() + 1, self.job.plan)
+            status, _, _ = self.job.client.claim(self.job.epoch, 0, rank_state.position() + 1, self.job.plan,
+                                                 force=self.yielded == 0)  # Horovod's first-step broadcast
             return status == "granted"
         if self.stepping == "rounds":
             return self._round_another()

@@ -56,6 +56,7 @@ class RankState:
         self.away = False
         self.finished = False
         self.batch = 0            # Keras steps in this epoch
+        self.fit_steps = 0        # Keras steps in this fit
         self.rounds = 0           # sync points of this fit
         self.steps_since_sync = 0
         self.hooks = []           # callbacks acting per train step (keras_callbacks.Slowdown, EmulatedCompute)
@@ -92,6 +93,7 @@ class RankState:
         from hetsync import ops
 
         self.idle = self.out_for_epoch = self.away = self.finished = False
+        self.fit_steps = 0
         ops.pin_away(False)
         self.steps_since_sync = 0
         ops.set_availability(ops.BETWEEN)
@@ -128,6 +130,7 @@ class RankState:
     def keras_step(self, fn, iterator):
         """Runs one Keras step with ``fn`` (Keras' compiled train function); returns Keras' logs."""
         self.batch += 1
+        self.fit_steps += 1
         _PROCESS["position"] += 1
         if self.own_steps is not None and self.batch > self.own_steps and not self.out_for_epoch:
             self._leave_for_epoch()
@@ -149,7 +152,8 @@ class RankState:
             if stopped:
                 job.wait_for_slice(self.position, self._set_away)
                 return None
-            return job.claim_and_run(self.position, lambda: self._train_step(fn, iterator))
+            return job.claim_and_run(self.position, lambda: self._train_step(fn, iterator),
+                                     first=self.fit_steps == 1)
         if self.idle and job.stop_at is None:  # (out for the epoch is not stopped)
             job.poll_stop(self.position)
         rounds = self.stepping == "rounds"

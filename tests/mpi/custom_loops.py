@@ -100,8 +100,8 @@ def main():
         stepping = algorithms._REGISTRY[mode].STEPPING
         trained, yielded, counts, final = one_loop(mode, x, y, own, None, f"{i}.a")
         total = sum(c[0] for c in counts)
-        if stepping == "own":
-            assert total == sum(owns), (mode, counts, sum(owns))
+        if stepping == "own":  # (the loop's first train step is every rank's: at most size - 1 more)
+            assert sum(owns) <= total <= sum(owns) + size - 1, (mode, counts, sum(owns))
         elif stepping == "rounds":  # the round that crosses the budget completes
             assert sum(owns) <= total <= sum(owns) + size * 10, (mode, counts)
         else:
