@@ -13,7 +13,8 @@ every rank at the same point (:func:`perform`):
    State Server), else taken from the family's cache with its compiled train step; ``activate`` re-installs its
    coordinator state;
 4. the user's optimizer state moves over: ``iterations``, every slot and the learning rate (a variable a Horovod
-   callback may have changed) are copied into the new mode's optimizer, which becomes ``model.optimizer``;
+   callback may have changed) are copied into the new mode's optimizer, which becomes ``model.optimizer``; then
+   every rank takes the same state (:func:`reconcile_optimizer`: the largest ``iterations``, the mean of each slot);
 5. a new engine session starts (``ops.rejoin`` on every rank, exactly once) and the new mode goes on.
 
 Keras' compiled step is traced once per (mode, options) the job uses: switching back reuses it.  With
@@ -144,6 +145,25 @@ def copy_optimizer_state(old, new, variables):
     _copy_hyper(old, new)
 
 
+def reconcile_optimizer(optimizer, name):
+    """Collective, inside a switch: every rank leaves with the same optimizer state, so the new mode starts from one
+    consistent cut.  ``iterations`` becomes the largest among the ranks (modes whose ranks step at their own pace
+    leave them at different counts; a mode keyed on it -- OD-SGD's warm-up, Ripples' static schedule -- needs one
+    value everywhere), and every float slot (momentum, Adam's moments) becomes the ranks' mean."""
+    import horovod.tensorflow as hvd
+
+    variables = _optimizer_variables(optimizer)
+    iterations = optimizer.iterations
+    floats = [v for v in variables if v.dtype.is_floating and v is not iterations]
+    top = hvd.allreduce(tf.cast(iterations, tf.int64), op=hvd.Max, name=f"{name}.iterations")
+    iterations.assign(tf.cast(top, iterations.dtype))
+    if floats:
+        means = hvd.grouped_allreduce([tf.convert_to_tensor(v) for v in floats], op=hvd.Average,
+                                      name=f"{name}.slots")
+        for v, m in zip(floats, means):
+            v.assign(m)
+
+
 def _optimizer_variables(optimizer):
     v = optimizer.variables
     return list(v() if callable(v) else v)
@@ -218,6 +238,7 @@ def perform(sync_points, mode, options, reason, decision_id=None):
     entry = family.entry(mode, options)
     new = entry.algorithm
     copy_optimizer_state(old_entry.optimizer, entry.optimizer, model.trainable_variables)
+    reconcile_optimizer(entry.optimizer, f"hetsync.switch.{len(family.history)}")
     model.optimizer = entry.optimizer
     family.current = key_of(mode, options)
     if not entry.fresh:
