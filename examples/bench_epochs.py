@@ -24,6 +24,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SCRIPT = os.path.join(HERE, "horovod_keras_mnist.py")
+LOOP_SCRIPT = os.path.join(HERE, "horovod_tf2_mnist.py")  # --loop: Horovod's TF2 custom loop
 MODES = ["allreduce", "ripples-smart", "ripples-random", "ripples-static", "eager-solo", "eager-majority", "hop",
          "esync", "od-sgd", "auto"]
 # Each mode with the options its own benchmark found best for one deterministic straggler (README per mode).
@@ -45,11 +46,15 @@ def parse_run(run):
 def launch(workers, run, args, out_dir):
     """One job; returns (exit code, wall seconds, the tail of its output)."""
     mode, options = parse_run(run)
-    cmd = ["mpirun", "-np", str(workers), "--oversubscribe", "--bind-to", "none", sys.executable, SCRIPT,
-           "--sync", mode, "--sync-options", json.dumps(options),
-           "--epochs", str(args.epochs), "--steps-per-epoch", str(args.steps // workers),
-           "--compute", str(args.compute), "--base-time", str(args.compute), "--slow-rank", str(workers - 1),
-           "--factor", str(args.factor), "--summary-dir", out_dir, "--seed", str(args.seed)]
+    common = ["--sync", mode, "--sync-options", json.dumps(options), "--compute", str(args.compute),
+              "--slow-rank", str(workers - 1), "--factor", str(args.factor), "--summary-dir", out_dir,
+              "--seed", str(args.seed)]
+    if args.loop:  # the same job's steps over the whole loop: STEPS x EPOCHS, each rank STEPS x EPOCHS // size
+        script = [LOOP_SCRIPT, "--steps", str(args.steps * args.epochs)]
+    else:
+        script = [SCRIPT, "--epochs", str(args.epochs), "--steps-per-epoch", str(args.steps // workers),
+                  "--base-time", str(args.compute)]
+    cmd = ["mpirun", "-np", str(workers), "--oversubscribe", "--bind-to", "none", sys.executable, *script, *common]
     env = dict(os.environ, **MPI_ENV)
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
@@ -63,6 +68,9 @@ def launch(workers, run, args, out_dir):
 
 def summarize(workers, mode, out_dir):
     runs = [json.load(open(os.path.join(out_dir, f"summary{r}.json"))) for r in range(workers)]
+    if "loop_s" in runs[0]:  # the custom loop: its time on rank 0, and each rank's trained batches
+        return {"workers": workers, "mode": mode, "fit_s": runs[0]["loop_s"], "accuracy": runs[0]["accuracy"],
+                "loss": runs[0]["loss"], "train_steps": [s["trained"] for s in runs], "switches": []}
     return {"workers": workers, "mode": mode, "fit_s": runs[0]["fit_time_s"], "accuracy": runs[0]["accuracy"],
             "loss": runs[0]["loss"], "train_steps": [s["iterations"] for s in runs],
             "switches": runs[0]["switches"]}
@@ -92,6 +100,7 @@ def main(argv=None):
     p.add_argument("--factor", type=float, default=5.0, help="the last rank is this many times slower")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--job-timeout", type=float, default=900)
+    p.add_argument("--loop", action="store_true", help="Horovod's TF2 custom loop (examples/horovod_tf2_mnist.py)")
     p.add_argument("--out", default="results/epochs")
     args = p.parse_args(argv)
     workers = [int(w) for w in args.workers.split(",")]

@@ -51,8 +51,11 @@ def test_eager_sgd_reaches_target_with_random_slowdown(mode, tmp_path):
     assert len({s["weights_checksum"] for s in summaries}) == 1, "ranks ended with different models"
     # (allreduce reaches 0.86 on this run; it starts at 2.3)
     assert all(s["consensus_loss"] <= 1.0 for s in summaries), [s["consensus_loss"] for s in summaries]
+    # job epochs: the job's 4 x 80 train steps, shared by speed (the fit's first is every rank's: at most 3 more)
+    calls = [(s.get("algorithm") or {}).get("calls", 0) for s in summaries]
+    assert 4 * 80 <= sum(calls) <= 4 * 80 + 3, calls
     metrics = summaries[0].get("algorithm") or {}
-    assert metrics.get("calls") == 80 and 1 <= metrics.get("mean_nap", 0) <= 4, metrics
+    assert 1 <= metrics.get("mean_nap", 0) <= 4, metrics
 
 
 def test_hop_hybrid_with_a_slow_rank_trains_in_fit_and_bad_options_raise_everywhere():

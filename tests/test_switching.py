@@ -85,8 +85,8 @@ def test_sync_mode_schedule_and_auto_settings_are_checked():
 
     for bad in (0, 2.5, True):
         with pytest.raises(ValueError, match="report_every must be an int >= 1"):
-            _auto(None, {}, {"report_every": bad})
+            _auto(None, {}, {"report_every": bad}, True)
     with pytest.raises(ValueError, match="pretrace must be True or False"):
-        _auto(None, {}, {"pretrace": "yes"})
+        _auto(None, {}, {"pretrace": "yes"}, True)
     with pytest.raises(ValueError, match="unknown option.*'windw'"):
-        _auto(None, {}, {"windw": 3})
+        _auto(None, {}, {"windw": 3}, True)

@@ -5,7 +5,6 @@ The decisions are :class:`hetsync.coordinator.job_clock.JobClock`'s; this module
 condition variable, so a stopped rank's ``JobReached`` sleeps on the server until a claim fills its slice (no
 polling), and no clock is compared across ranks: the server measures its own waits.
 """
-import hmac
 import json
 import threading
 import time
@@ -13,6 +12,7 @@ import time
 import grpc
 
 from . import _proto
+from .auth import require_secret
 from .job_clock import FULL, GRANTED, STOPPED, EpochPlan, JobClock
 
 pb2, pb2_grpc = _proto.load()
@@ -28,8 +28,7 @@ class JobServicer(pb2_grpc.JobClockServicer):
         owner.job_clock = JobClock(size)
 
     def _call(self, request, context, fn):
-        if not request.secret or not hmac.compare_digest(request.secret.encode(), self._o.secret.encode()):
-            context.abort(grpc.StatusCode.PERMISSION_DENIED, "missing or wrong job secret")
+        require_secret(request.secret, self._o.secret, context)
         with self._cv:
             try:
                 return fn(self._o.job_clock)

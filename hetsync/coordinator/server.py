@@ -12,7 +12,6 @@ every rank then builds a :class:`~hetsync.coordinator.client.GroupGeneratorClien
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
 import os
 import secrets as _secrets
@@ -25,6 +24,7 @@ from typing import Optional, Sequence
 import grpc
 
 from . import _proto
+from .auth import require_secret
 from .group_generator import (
     GGError,
     GroupFailed,
@@ -91,8 +91,7 @@ class _Servicer(pb2_grpc.GroupGeneratorServicer):
 
     # -- helpers
     def _auth(self, secret: str, context) -> None:
-        if not secret or not hmac.compare_digest(secret.encode(), self._o.secret.encode()):
-            context.abort(grpc.StatusCode.PERMISSION_DENIED, "missing or wrong job secret")
+        require_secret(secret, self._o.secret, context)
 
     def _run(self, context, fn):
         """Run ``fn`` under the lock; translate GG errors to gRPC status codes; wake waiters on changes."""

@@ -5,13 +5,13 @@ The decisions are :class:`hetsync.coordinator.state_server.StateServer`'s (a pla
 moves them over the wire, under one lock.  ``now`` for a query is the server's ``time.monotonic()``: the workers
 send their own monotonic times, and on one host both are the same clock.
 """
-import hmac
 import threading
 import time
 
 import grpc
 
 from . import _proto
+from .auth import require_secret
 from .state_server import StateServer
 
 pb2, pb2_grpc = _proto.load()
@@ -25,8 +25,7 @@ class StateServicer(pb2_grpc.StateServerServicer):
         self._lock = threading.Condition()  # notified on every change, for StateWait
 
     def _call(self, request, context, fn):
-        if not request.secret or not hmac.compare_digest(request.secret.encode(), self._o.secret.encode()):
-            context.abort(grpc.StatusCode.PERMISSION_DENIED, "missing or wrong job secret")
+        require_secret(request.secret, self._o.secret, context)
         with self._lock:
             server = self._o.state_server
             if server is None:

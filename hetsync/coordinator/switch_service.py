@@ -4,7 +4,6 @@ State Server (same port, same job secret, loopback on one host), and the client 
 The decisions are :class:`hetsync.coordinator.switchboard.SwitchBoard`'s; this module moves them over the wire,
 under one lock.  Report times are the workers' ``time.monotonic()`` (one host, one clock).
 """
-import hmac
 import json
 import threading
 import time
@@ -12,6 +11,7 @@ import time
 import grpc
 
 from . import _proto
+from .auth import require_secret
 from .auto_policy import AutoPolicy
 from .switchboard import SwitchBoard
 
@@ -27,8 +27,7 @@ class SwitchServicer(pb2_grpc.SwitchBoardServicer):
         owner.switchboard = SwitchBoard(size)
 
     def _call(self, request, context, fn):
-        if not request.secret or not hmac.compare_digest(request.secret.encode(), self._o.secret.encode()):
-            context.abort(grpc.StatusCode.PERMISSION_DENIED, "missing or wrong job secret")
+        require_secret(request.secret, self._o.secret, context)
         with self._lock:
             try:
                 return fn(self._o.switchboard)

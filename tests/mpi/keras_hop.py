@@ -42,8 +42,10 @@ def main():
     (x, y, x_test, y_test), build, loss, metrics = task("digits", 0)
     tf.keras.utils.set_random_seed(0)
     model = build()
+    # per-rank epochs: every rank's 80 steps, so the queue counters are comparable (job epochs: test_dropin.py)
     opt = hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), sync="hop", topology="ring",
-                                       staleness=2, backup_workers=1, skip=2, skip_trigger=1, max_ig=4)
+                                       staleness=2, backup_workers=1, skip=2, skip_trigger=1, max_ig=4,
+                                       job_epochs=False)
     model.compile(optimizer=opt, loss=loss, metrics=metrics)
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                  keras_callbacks.Slowdown("deterministic", ranks=[3], factor=5, base_time=0.01)]
