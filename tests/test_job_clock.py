@@ -170,6 +170,12 @@ def test_plans_must_agree_and_positions_only_grow():
     assert clock.claim(0, 0, 0, 1, plan) == (GRANTED, 1)
     assert clock.claim(1, 0, 0, 1, plan)[0] == FULL
     assert clock.claim(2, 0, 0, 1, plan, force=True) == (GRANTED, 2)
+    # after a live switch from a mode that claims nothing, the epoch's earlier Keras steps count (the floor)
+    clock = JobClock(2)
+    plan = EpochPlan(8, 4)
+    assert clock.claim(0, 0, 2, 3, plan, floor=plan.boundary(1)) == (GRANTED, 5)
+    assert clock.claim(1, 0, 2, 3, plan, floor=plan.boundary(1)) == (GRANTED, 6)
+    assert clock.claim(1, 0, 2, 3, plan, floor=plan.boundary(1))[0] == FULL
 
 
 def test_service_over_grpc_with_the_job_secret():

@@ -78,20 +78,22 @@ class JobClock:
                              "only grow")
         self.positions[rank] = position
 
-    def claim(self, rank, epoch, step, position, plan, force=False):
+    def claim(self, rank, epoch, step, position, plan, force=False, floor=0):
         """Rank ``rank``, in Keras step ``step`` of ``epoch`` (``position`` over the job), asks for one train step.
 
         Returns (status, count): GRANTED (the count includes this claim), FULL (the step's slice is done: end the
         Keras step) or STOPPED (every rank has stopped).  ``force``: granted even past the boundary -- a fit's or a
         loop's first train step, which every rank must take (its model and optimizer are built in it, and Horovod's
         broadcast after the first batch needs them on every rank); the epoch may then exceed its total by as many
-        steps as there are ranks less one."""
+        steps as there are ranks less one.  ``floor``: the count is at least this (after a live switch from a mode
+        that does not claim, the epoch's earlier Keras steps are done: every rank sends the same floor)."""
         self._check(rank, epoch, plan)
         self._seen(rank, position)
         if self.stop_at is not None:
             return STOPPED, self.counts[epoch]
         if self.stopped[rank]:
             raise ValueError(f"rank {rank} stopped and then claimed a train step: resume it first")
+        self.counts[epoch] = max(self.counts[epoch], int(floor))
         if self.counts[epoch] >= plan.boundary(step) and not force:
             return FULL, self.counts[epoch]
         self.counts[epoch] += 1

@@ -46,7 +46,7 @@ class JobServicer(pb2_grpc.JobClockServicer):
     def JobClaim(self, request, context):
         def claim(clock):
             status, count = clock.claim(request.worker, request.epoch, request.step, request.position,
-                                        self._plan(request), force=request.force)
+                                        self._plan(request), force=request.force, floor=request.floor)
             if status == GRANTED:
                 self._cv.notify_all()
             return self._reply(status, count, clock)
@@ -99,11 +99,11 @@ class JobClockClient:
                               position=int(position), total=plan.total if plan else 0,
                               keras_steps=plan.keras_steps if plan else 0, wait_s=float(wait_s))
 
-    def claim(self, epoch, step, position, plan, force=False):
+    def claim(self, epoch, step, position, plan, force=False, floor=0):
         """(status, count, stop_at or None): status is job_clock.GRANTED, FULL or STOPPED."""
         self.calls += 1
         msg = self._msg(epoch, step, position, plan)
-        msg.force = bool(force)
+        msg.force, msg.floor = bool(force), int(floor)
         r = self._stub.JobClaim(msg, timeout=self.timeout)
         return r.status, r.count, (None if r.stop_at < 0 else r.stop_at)
 

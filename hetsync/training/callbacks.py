@@ -161,6 +161,7 @@ class SyncPoints(tf.keras.callbacks.Callback):
         began = time.monotonic()
         record = switching.perform(self.state, mode, options, reason, decision_id)
         self.adopt(self.state.algorithm)
+        self.state.job.rebase()
         self.state.clock.sync(time.monotonic() - began)
         return record
 

@@ -35,6 +35,7 @@ class JobEpochs:
         self.count = 0        # the job's train steps in this epoch, as last heard
         self.stop_at = None   # the agreed stop step (cumulative Keras steps), once every rank has stopped
         self.claimed = 0      # train steps this rank took over its fits (job epochs)
+        self.floor = 0        # after a live switch: the count the epoch's earlier Keras steps stand for
 
     def begin_fit(self):
         """Before the fit's first collective, on every rank (job_clock.JobClock.resume)."""
@@ -44,7 +45,15 @@ class JobEpochs:
     def begin_epoch(self, total, keras_steps):
         self.epoch += 1
         self.plan = EpochPlan(total, keras_steps) if total else None
-        self.step, self.count = 0, 0
+        self.step, self.count, self.floor = 0, 0, 0
+
+    def rebase(self):
+        """A live switch before Keras step ``step``: the epoch's earlier Keras steps are done, whatever the old
+        mode counted (a lockstep mode claims nothing), so the job's count is at least where they end -- the same
+        on every rank, since every rank switches at the same step."""
+        if self.plan is not None and self.step > 0:
+            self.floor = self.plan.boundary(self.step - 1)
+            self.count = max(self.count, self.floor)
 
     def full(self):
         """This Keras step's slice is full by what the rank last heard (``rounds`` modes count exactly)."""
@@ -56,7 +65,8 @@ class JobEpochs:
         step, whose first train step every rank takes (job_clock.JobClock.claim's ``force``)."""
         logs = None
         while True:
-            status, self.count, stop_at = self.client.claim(self.epoch, self.step, position, self.plan, force=first)
+            status, self.count, stop_at = self.client.claim(self.epoch, self.step, position, self.plan, force=first,
+                                                            floor=self.floor)
             first = False
             self._heard(stop_at)
             if status != GRANTED:
