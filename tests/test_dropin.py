@@ -78,11 +78,11 @@ def test_horovod_example_with_a_slow_rank_and_user_collectives(mode, tmp_path):
     stepping = algorithms._REGISTRY[mode].STEPPING if mode != "auto" else None
     if stepping == "lockstep":  # ... synchronous modes: N train steps per rank per epoch, as Horovod
         assert steps == [epochs * 40] * 4, steps
-    elif stepping == "own":  # ... the job's N x size train steps per epoch, shared by speed (the fit's first
-        assert epochs * 40 * 4 <= sum(steps) <= epochs * 40 * 4 + 3, steps  # train step is every rank's)
+    elif stepping == "own":  # ... the job's N x size train steps per epoch, shared by speed (iterations: Horovod's
+        assert abs(sum(steps) - epochs * 40 * 4) <= 8, steps  # first-batch broadcast sets rank 0's count everywhere)
     else:  # ESync (auto: allreduce, then esync from a step mid-epoch, counting the epoch's earlier steps): the
         # round that reaches the epoch's count completes
-        assert epochs * 40 * 4 <= sum(steps) <= epochs * (40 * 4 + 4 * 16), steps
+        assert epochs * 40 * 4 - 8 <= sum(steps) <= epochs * (40 * 4 + 4 * 16), steps
     if mode in DECOUPLED:  # the slow rank 3 took fewer train steps than every fast rank
         assert all(steps[3] < s for s in steps[:3]), steps
     if mode == "auto":
