@@ -52,13 +52,13 @@ def check_aggregation(algo, model, rounds):
     """Wraps the compiled aggregation: gathers w_local of every rank before it, compares after it with numpy."""
     inner = algo._aggregate_fn
 
-    def aggregate(active, start):
+    def aggregate(active, start, steps):
         if start:
-            return inner(active, start)
+            return inner(active, start, steps)
         w_t = np.concatenate([w.numpy().ravel() for w in algo._globals])
         local = hvd.allgather(tf.constant(np.concatenate(
             [v.numpy().ravel() for v in algo._trainable])[None, :])).numpy()
-        out = inner(active, start)
+        out = inner(active, start, steps)
         expected = w_t + EPS * (local - w_t[None, :]).mean(axis=0)
         got = np.concatenate([v.numpy().ravel() for v in algo._trainable])
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
