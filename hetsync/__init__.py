@@ -18,7 +18,7 @@ from hetsync._runtime import (
     size,
 )
 from hetsync.algorithms import available_modes
-from hetsync.consensus import consensus
+from hetsync.training.consensus import consensus
 from hetsync.optimizer import DistributedOptimizer
 from hetsync.training.loop import job_steps
 

@@ -220,7 +220,7 @@ def perform(sync_points, mode, options, reason, decision_id=None):
     docstring for the steps."""
     from hetsync import ops
     from hetsync.algorithms.decentralized import DecentralizedAlgorithm
-    from hetsync.consensus import _weighted_average
+    from hetsync.training.consensus import _weighted_average
 
     model, family = sync_points.model, sync_points.family
     began = time.monotonic()

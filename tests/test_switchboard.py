@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from hetsync.coordinator.auto_policy import AutoPolicy, normalize_candidates
 from hetsync.coordinator.switchboard import ACCEPTED, SUPERSEDED, UNCHANGED, SwitchBoard
-from hetsync.step_clock import StepClock
+from hetsync.training.step_clock import StepClock
 
 MODES = ["allreduce", "hop", "esync", "eager-solo"]
 
@@ -208,7 +208,7 @@ def test_bad_settings_and_candidates_raise():
 
 
 class _ESyncRound:
-    """What hetsync/step_clock.py reads from ESync after a round: the count and compute of its local iterations."""
+    """What hetsync/training/step_clock.py reads from ESync after a round: the count and compute of its local iterations."""
 
     def __init__(self, each, per_iteration):
         self.each = each

@@ -4,7 +4,7 @@ A plain state machine (no clock of its own, no gRPC): the Switch Board (switchbo
 samples and asks it after each report; tests/test_switchboard.py checks it alone with hypothesis.
 
 **Samples.**  One per step and rank: seconds of *compute* per iteration -- from the start of the rank's step to
-the moment its gradients were ready (hetsync/step_clock.py), so time spent waiting for peers, in hetsync's
+the moment its gradients were ready (hetsync/training/step_clock.py), so time spent waiting for peers, in hetsync's
 collectives or Horovod's, is not in it.  An injected Slowdown runs inside the step, as a slower GPU would.  In
 ESync, whose Keras step is a round of local iterations, each local iteration is a sample (a round's mean would
 dilute one slow iteration among a fast rank's many, and random slowdowns were recognised late).

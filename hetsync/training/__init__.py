@@ -7,6 +7,9 @@
 * callbacks.py -- SyncPoints and StopVote, Keras' face of the state machine; keras_fit.py -- the ``Model.fit``
   wrapper that plans each fit's epochs and adds them.
 * options.py -- what the user's callbacks declare, and checks that every rank passed the same.
+* consensus.py -- the weighted Horovod average of the models at a sync point (and ``hetsync.consensus``).
+* step_clock.py -- compute and waiting time per step (sync="auto", the report).
+* loop.py -- custom training loops: ``hetsync.job_steps``.
 * report.py -- the heterogeneity report callback.
 """
 from hetsync.training.keras_fit import install, uninstall

@@ -192,7 +192,7 @@ class JobSteps:
         """Global (every rank calls it once, after its loop): one Horovod average of the models, then every rank is
         back in hetsync's collectives.  Returns the number of batches this rank trained on."""
         from hetsync import ops
-        from hetsync.consensus import sync_point
+        from hetsync.training.consensus import sync_point
 
         if not self.ended:  # the user left the loop early (break): the same as running out of budget
             self._end()

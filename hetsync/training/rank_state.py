@@ -23,7 +23,7 @@ knows how the mode's ranks step (job_epochs.py).
 import logging
 import time
 
-from hetsync.step_clock import StepClock
+from hetsync.training.step_clock import StepClock
 
 log = logging.getLogger("hetsync.training")
 
@@ -234,7 +234,7 @@ class RankState:
         this epoch (uneven shards) stays out of hetsync's collectives after a mid-epoch round, and rejoins at the
         epoch end."""
         from hetsync import ops
-        from hetsync.consensus import sync_point
+        from hetsync.training.consensus import sync_point
 
         began = time.monotonic()
         self.away = True

@@ -3,7 +3,7 @@
 Every ``every_s`` seconds (and at each epoch end and the end of ``fit``) each rank writes one record:
 
 * its step rate (iterations per second of wall time), its compute rate (iterations per second of compute: the
-  worker's speed, hetsync/step_clock.py) and the seconds it waited in hetsync (exchanges, sync points, switches);
+  worker's speed, hetsync/training/step_clock.py) and the seconds it waited in hetsync (exchanges, sync points, switches);
 * the mode in force and, as it happens, each switch with its reason (sync="auto": the policy's evidence);
 * the mode's own counters (``optimizer._hetsync_algorithm.metrics()``: Group Generator conflicts, eager-SGD's NAP,
   Hop's queue depths and staleness, ESync's local steps, OD-SGD's exposed wait...).
