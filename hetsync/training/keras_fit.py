@@ -93,10 +93,13 @@ def _prepare(original, model, args, kwargs, algorithm):
     length = _dataset_length(x)
     if own is None and length >= 0:
         own = length
-    if own is not None and (not isinstance(own, int) or isinstance(own, bool) or own < 1):
-        raise ValueError(f"steps_per_epoch must be a positive int or None, got {own!r}")
-    rows = options.gather("steps_per_epoch", [own if own is not None else -1])
+    bad = own is not None and (not isinstance(own, int) or isinstance(own, bool) or own < 1)
+    rows = options.gather("steps_per_epoch", [-3 if bad else (own if own is not None else -1)])
     steps = [row[0] for row in rows]
+    if -3 in steps:  # raised on every rank, after the gather, so no rank is left waiting in a collective
+        wrong = [r for r, s in enumerate(steps) if s == -3]
+        raise ValueError(f"steps_per_epoch must be a positive int or None; ranks {wrong} passed something else "
+                         f"(this rank: {own!r})")
     if own is None and any(s > 0 for s in steps) or own is not None and any(s < 0 for s in steps):
         raise ValueError(f"steps_per_epoch is known on ranks {[r for r, s in enumerate(steps) if s > 0]} and not "
                          f"on ranks {[r for r, s in enumerate(steps) if s < 0]}: pass steps_per_epoch on every "

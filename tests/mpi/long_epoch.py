@@ -5,7 +5,8 @@ calling ``hvd.allreduce`` every 7 batches.
 Without an agreed stop step the job would run the whole epoch (about 1,000 s per mode here) or hang.  Checks, per
 mode, on every rank: ``fit`` returns within 30 s of this rank's own stop (the last rank stops 1.5 s after the
 first: the rest is the job's last steps and the end round, a few seconds on this machine); every rank ran the same
-Keras steps and the same user collectives; one model everywhere.  Prints OK rank=R.
+Keras steps and the same user collectives; one model everywhere.  First, a bad ``steps_per_epoch`` on one rank is
+refused on every rank, naming it, before any collective could hang.  Prints OK rank=R.
 """
 import hashlib
 import os
@@ -57,6 +58,21 @@ class UserAllreduce(tf.keras.callbacks.Callback):
             self.calls += 1
 
 
+def bad_steps_are_refused_everywhere(x, y):
+    """Bad input on one rank: rank 2 passes steps_per_epoch=0.  Every rank gets a ValueError naming rank 2, and
+    nobody is left in a collective (the next fits run)."""
+    model = tf.keras.Sequential([tf.keras.layers.Flatten(), tf.keras.layers.Dense(10)])
+    model.compile(loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  optimizer=hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), sync="ripples-smart"))
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(32)
+    try:
+        model.fit(ds, steps_per_epoch=0 if hvd.rank() == 2 else 5, epochs=1, verbose=0)
+    except ValueError as e:
+        assert "ranks [2]" in str(e), str(e)
+    else:
+        raise AssertionError("a bad steps_per_epoch on rank 2 was accepted")
+
+
 def main():
     hvd.init()
     hetsync.init()
@@ -66,6 +82,7 @@ def main():
     d = load_digits()
     x, y = (d.images / 16.0).astype("float32")[..., None], d.target.astype("int64")
     modes = sys.argv[1].split(",") if len(sys.argv) > 1 else algorithms.available_modes() + ["auto"]
+    bad_steps_are_refused_everywhere(x, y)
     for i, mode in enumerate(modes):
         tf.keras.utils.set_random_seed(rank)
         ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().shuffle(500, seed=rank).batch(32)
