@@ -92,7 +92,6 @@ class JobClockClient:
         self.worker, self.secret, self.timeout = int(worker), secret, float(timeout)
         self._channel = grpc.insecure_channel(address)
         self._stub = pb2_grpc.JobClockStub(self._channel)
-        self.calls = 0
 
     def _msg(self, epoch=0, step=0, position=0, plan=None, wait_s=0.0):
         return pb2.JobStepMsg(secret=self.secret, worker=self.worker, epoch=int(epoch), step=int(step),
@@ -101,7 +100,6 @@ class JobClockClient:
 
     def claim(self, epoch, step, position, plan, force=False, floor=0):
         """(status, count, stop_at or None): status is job_clock.GRANTED, FULL or STOPPED."""
-        self.calls += 1
         msg = self._msg(epoch, step, position, plan)
         msg.force, msg.floor = bool(force), int(floor)
         r = self._stub.JobClaim(msg, timeout=self.timeout)
@@ -109,13 +107,11 @@ class JobClockClient:
 
     def reached(self, epoch, step, position, plan, wait_s):
         """(reached, stop_at or None) after at most ``wait_s`` seconds on the server."""
-        self.calls += 1
         r = self._stub.JobReached(self._msg(epoch, step, position, plan, wait_s), timeout=self.timeout + wait_s)
         return r.status == REACHED, (None if r.stop_at < 0 else r.stop_at)
 
     def stop(self, position):
         """This rank stopped during Keras step ``position``; returns the stop step if every rank has stopped."""
-        self.calls += 1
         r = self._stub.JobStop(self._msg(position=position), timeout=self.timeout)
         return None if r.stop_at < 0 else r.stop_at
 

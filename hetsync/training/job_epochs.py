@@ -34,7 +34,6 @@ class JobEpochs:
         self.step = 0         # Keras step in the epoch (0-based) the rank is in
         self.count = 0        # the job's train steps in this epoch, as last heard
         self.stop_at = None   # the agreed stop step (cumulative Keras steps), once every rank has stopped
-        self.claimed = 0      # train steps this rank took over its fits (job epochs)
         self.floor = 0        # after a live switch: the count the epoch's earlier Keras steps stand for
 
     def begin_fit(self):
@@ -71,7 +70,6 @@ class JobEpochs:
             self._heard(stop_at)
             if status != GRANTED:
                 return logs
-            self.claimed += 1
             logs = run_one()
             if self.full():
                 return logs
