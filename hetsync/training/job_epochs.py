@@ -90,11 +90,9 @@ class JobEpochs:
                                    f"{self.client.metrics()}")
 
     def report_stop(self, position):
-        """This rank stopped training (during Keras step ``position``)."""
-        self._heard(self.client.stop(position))
-
-    def poll_stop(self, position):
-        """A stopped rank that waits for nothing (lockstep and rounds modes, per-rank epochs): where is the stop?"""
+        """This rank stopped training (during Keras step ``position``).  Also called again at each Keras step by a
+        stopped rank that waits for nothing (lockstep and rounds modes, per-rank epochs): it keeps the rank's
+        position current on the Job Clock and hears the stop step once every rank has stopped."""
         self._heard(self.client.stop(position))
 
     def _heard(self, stop_at):

@@ -132,7 +132,7 @@ class JobSteps:
 
             ops.pin_away(True)
         if self.stopped and self.job.stop_at is None:
-            self.job.poll_stop(position - 1)
+            self.job.report_stop(position - 1)
         return self.job.stop_at is None or position <= self.job.stop_at
 
     def _round_another(self):

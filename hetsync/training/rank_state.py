@@ -155,7 +155,7 @@ class RankState:
             return job.claim_and_run(self.position, lambda: self._train_step(fn, iterator),
                                      first=self.fit_steps == 1)
         if self.idle and job.stop_at is None:  # (out for the epoch is not stopped)
-            job.poll_stop(self.position)
+            job.report_stop(self.position)
         rounds = self.stepping == "rounds"
         if rounds and self.job_epochs and job.full():
             return None  # the same on every rank: the count comes from the rounds' allreduce
