@@ -92,7 +92,8 @@ def main():
     hetsync.init()
     rank, size = hvd.rank(), hvd.size()
     x, y = data()
-    modes = sys.argv[1].split(",") if len(sys.argv) > 1 else algorithms.available_modes()
+    everything = algorithms.available_modes()  # (loads the registry)
+    modes = sys.argv[1].split(",") if len(sys.argv) > 1 else everything
     owns = [30 - 3 * r for r in range(size)]
     own = owns[rank]
     results = {}
