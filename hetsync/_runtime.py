@@ -7,9 +7,28 @@ starts the engine on its own duplicated communicator, and, on rank 0, the coordi
 import atexit
 import os
 
-_STATE = {"initialized": False, "timeout": None, "services": None}
+from hetsync.algorithms.options import Option, check_all
+
+_STATE = {"initialized": False, "timeout": None, "services": None, "failed": False}
 
 DEFAULT_TIMEOUT_S = 120.0
+INIT_OPTIONS = {
+    "timeout": Option(DEFAULT_TIMEOUT_S, "number", minimum=0, above=True,
+                      doc="seconds any blocking wait may last before it fails naming the ranks"),
+    "comm_cache_size": Option(64, "int", minimum=1, doc="communicator cache bound (Ripples §6.1)"),
+    "away_after": Option(0.2, "number", minimum=0, above=True,
+                         doc="seconds between train steps before peers go on without a rank"),
+}
+
+
+def _from_env(name, kind, default):
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        return kind(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} is not a {kind.__name__}") from None
 
 
 def _hvd():
@@ -50,16 +69,16 @@ def init(timeout=None, comm_cache_size=None, away_after=None):
         return
     hvd = _hvd()
     _check_horovod(hvd)
-    if timeout is None:
-        timeout = float(os.environ.get("HETSYNC_TIMEOUT", DEFAULT_TIMEOUT_S))
-    if timeout <= 0:
-        raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
-    if comm_cache_size is None:
-        comm_cache_size = int(os.environ.get("HETSYNC_COMM_CACHE_SIZE", 64))
     from hetsync import ops
 
+    if timeout is None:
+        timeout = _from_env("HETSYNC_TIMEOUT", float, DEFAULT_TIMEOUT_S)
+    if comm_cache_size is None:
+        comm_cache_size = _from_env("HETSYNC_COMM_CACHE_SIZE", int, 64)
     if away_after is None:
-        away_after = float(os.environ.get("HETSYNC_AWAY_AFTER", ops.DEFAULT_AWAY_AFTER_S))
+        away_after = _from_env("HETSYNC_AWAY_AFTER", float, ops.DEFAULT_AWAY_AFTER_S)
+    check_all("hetsync.init", INIT_OPTIONS,
+              {"timeout": timeout, "comm_cache_size": comm_cache_size, "away_after": away_after})
     ops.set_away_after(away_after)
     ops.engine_start(timeout=timeout, cache_size=comm_cache_size)
     info = ops.engine_info()
@@ -74,7 +93,27 @@ def init(timeout=None, comm_cache_size=None, away_after=None):
     from hetsync import training
 
     training.install()
+    _watch_for_failure()
     _at_exit(shutdown)
+
+
+def _watch_for_failure():
+    """An uncaught exception marks the process failed (after its traceback is printed, by the previous hook), so
+    the exit's :func:`shutdown` waits for no peer: they will not come, and the launcher ends the job when this
+    process exits non-zero.  Without it the exit would sit in the Group Generator's wait and the engine's
+    barriers, up to the timeout each."""
+    import sys
+
+    if getattr(sys.excepthook, "_hetsync", False):
+        return
+    previous = sys.excepthook
+
+    def hook(kind, value, traceback):
+        _STATE["failed"] = True
+        previous(kind, value, traceback)
+
+    hook._hetsync = True
+    sys.excepthook = hook
 
 
 def _at_exit(fn):
@@ -93,16 +132,22 @@ def _at_exit(fn):
 
 
 def shutdown():
-    """Stops the coordinator services and the engine. Safe to call twice."""
+    """Stops everything hetsync started in this process: the modes' threads (Group Generator away watchers), the
+    coordinator clients' channels, rank 0's server, the engine's progress thread.  Collective when the job ends
+    normally (the Group Generator hears every rank finish; the engine drains its communicator); after an uncaught
+    exception nothing waits for a peer.  Runs at exit by itself; safe to call twice."""
     if not _STATE["initialized"]:
         return
+    failed = _STATE["failed"]
     services = _STATE.get("services")
-    if services is not None:
-        services.stop()
+    _STATE.update(initialized=False, services=None)
     from hetsync import ops
 
-    ops.engine_shutdown()
-    _STATE.update(initialized=False, services=None)
+    try:
+        if services is not None:
+            services.stop(failed=failed)
+    finally:
+        ops.engine_shutdown(drain=not failed)
 
 
 def is_initialized():

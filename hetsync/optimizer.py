@@ -1,9 +1,15 @@
 """``hetsync.DistributedOptimizer``: the one line a Horovod Keras script changes."""
 from hetsync.algorithms import horovod_kwargs
+from hetsync.algorithms.options import Option, check_all
 
-AUTO_OPTIONS = ("candidates", "window", "min_interval", "settle", "min_samples", "straggler_ratio",
-                "straggler_exit", "random_fraction", "random_exit", "slow_sample_ratio", "report_every", "pretrace")
 REPORT_EVERY = 8  # sync="auto": steps between a rank's Switch Board reports (switchboard.py, "Report cadence")
+FAMILY_OPTIONS = {  # every mode's
+    "job_epochs": Option(True, "bool", doc="an epoch is the job's sum(steps_per_epoch) train steps (README)"),
+}
+AUTO_OWN = {  # sync="auto"'s, beside its policy's SETTINGS (coordinator/auto_policy.py) and candidates
+    "report_every": Option(REPORT_EVERY, "int", minimum=1, doc="steps between a rank's Switch Board reports"),
+    "pretrace": Option(True, "bool", doc="trace the candidates' train steps after the first step"),
+}
 
 
 def DistributedOptimizer(optimizer, sync="allreduce", **options):  # noqa: N802 (Horovod's name)
@@ -31,42 +37,74 @@ def DistributedOptimizer(optimizer, sync="allreduce", **options):  # noqa: N802 
     """
     from hetsync import training
     from hetsync.switching import Family
+    from hetsync.training import options as agreement
 
     training.install()  # job epochs, sync points, idle ranks and the agreed stop, for every mode
     options = dict(options)
-    job_epochs = options.pop("job_epochs", True)
-    if not isinstance(job_epochs, bool):
-        raise ValueError(f"job_epochs must be True or False, got {job_epochs!r}")
-    hvd_kwargs = {k: v for k, v in options.items() if k in horovod_kwargs.NAMES}
-    mode_options = {k: v for k, v in options.items() if k not in horovod_kwargs.NAMES}
+    error = None
+    try:  # every check that needs no peer, on every rank, before any collective of the set-up
+        own = check_all("hetsync.DistributedOptimizer", FAMILY_OPTIONS,
+                        {k: options.pop(k) for k in list(options) if k in FAMILY_OPTIONS})
+        _check_optimizer(optimizer)
+        hvd_kwargs = {k: v for k, v in options.items() if k in horovod_kwargs.NAMES}
+        mode_options = {k: v for k, v in options.items() if k not in horovod_kwargs.NAMES}
+        if sync == "auto":
+            auto = _auto_settings(mode_options)
+        else:
+            Family(optimizer, hvd_kwargs).validate(sync, mode_options)
+    except ValueError as e:
+        error = str(e)
+    agreement.agree_or_raise("hetsync.DistributedOptimizer", error,
+                             agreement.fingerprint({"sync": sync, "options": options}))
     if sync != "auto":
-        return Family(optimizer, hvd_kwargs, job_epochs=job_epochs).start(sync, mode_options)
-    return _auto(optimizer, hvd_kwargs, mode_options, job_epochs)
+        return Family(optimizer, hvd_kwargs, job_epochs=own["job_epochs"]).start(sync, mode_options)
+    return _auto(optimizer, hvd_kwargs, auto, own["job_epochs"])
 
 
-def _auto(optimizer, hvd_kwargs, options, job_epochs):
+def _check_optimizer(optimizer):
+    """Only Keras optimizers (new or legacy, and Keras' LossScaleOptimizer) can be wrapped: refused up front."""
+    import tensorflow as tf
+
+    kinds = (tf.keras.optimizers.Optimizer, tf.keras.optimizers.legacy.Optimizer)
+    if not isinstance(optimizer, kinds):
+        raise ValueError(f"hetsync.DistributedOptimizer needs a Keras optimizer (tf.keras.optimizers.*), got "
+                         f"{type(optimizer).__module__}.{type(optimizer).__qualname__}")
+    if getattr(optimizer, "_hetsync_algorithm", None) is not None or getattr(optimizer, "_hetsync_family", None):
+        raise ValueError("this optimizer is already a hetsync.DistributedOptimizer; wrap the plain one")
+
+
+def _auto_settings(options):
+    """sync="auto": its own settings checked (report_every, pretrace, the policy's), candidates included."""
+    from hetsync.coordinator.auto_policy import SETTINGS, AutoPolicy
+    from hetsync.switching import Family
+
+    unknown = sorted(set(options) - set(AUTO_OWN) - set(SETTINGS) - {"candidates"})
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown} for sync='auto'; valid options: "
+                         f"{', '.join(sorted([*AUTO_OWN, *SETTINGS, 'candidates']))}; and Horovod "
+                         "DistributedOptimizer keyword arguments")
+    own = check_all("sync='auto'", AUTO_OWN, {k: v for k, v in options.items() if k in AUTO_OWN})
+    policy_settings = {k: v for k, v in options.items() if k not in AUTO_OWN}
+    policy = AutoPolicy(2, **policy_settings)  # checks the settings and candidates (the size does not matter)
+    for mode, mode_options in policy.candidates.values():
+        Family(None, {}).validate(mode, mode_options)
+    return {**own, "policy": policy_settings}
+
+
+def _auto(optimizer, hvd_kwargs, settings, job_epochs):
     from hetsync import _runtime
     from hetsync.coordinator.auto_policy import AutoPolicy
     from hetsync.switching import Family
 
-    unknown = sorted(set(options) - set(AUTO_OPTIONS))
-    if unknown:
-        raise ValueError(f"unknown option(s) {unknown} for sync='auto'; valid options: {', '.join(AUTO_OPTIONS)}; "
-                         "and Horovod DistributedOptimizer keyword arguments")
-    options = dict(options)
-    every = options.pop("report_every", REPORT_EVERY)
-    if not isinstance(every, int) or isinstance(every, bool) or every < 1:
-        raise ValueError(f"report_every must be an int >= 1 (steps), got {every!r}")
-    pretrace = options.pop("pretrace", True)
-    if not isinstance(pretrace, bool):
-        raise ValueError(f"pretrace must be True or False, got {pretrace!r}")
     _runtime.require_init("sync='auto'")
     services = _runtime.services()
-    policy = AutoPolicy(services.size, **options)  # checks the settings and candidates here, on every rank
-    family = Family(optimizer, hvd_kwargs, auto=dict(options), report_every=every, job_epochs=job_epochs)
+    options = settings["policy"]
+    policy = AutoPolicy(services.size, **options)
+    family = Family(optimizer, hvd_kwargs, auto=dict(options), report_every=settings["report_every"],
+                    job_epochs=job_epochs)
     for mode, mode_options in policy.candidates.values():
         family.validate(mode, mode_options)
-    if pretrace:
+    if settings["pretrace"]:
         family.pretrace = list(policy.candidates.values())
     if services.rank == 0:
         settings = dict(options)

@@ -5,11 +5,11 @@ from hetsync import algorithms
 
 
 @pytest.mark.parametrize("options, needle", [
-    ({"global_lr": 0}, "global_lr must be a number > 0"),
-    ({"global_lr": True}, "global_lr must be a number > 0"),
-    ({"epsilon": -0.1}, "epsilon must be a number >= 0"),
-    ({"non_blocking": "yes"}, "non_blocking must be True or False"),
-    ({"timeout": 0}, "timeout must be a number > 0"),
+    ({"global_lr": 0}, "option global_lr=0 (int) is invalid: expected a number > 0"),
+    ({"global_lr": True}, "option global_lr=True (bool) is invalid: expected a number > 0"),
+    ({"epsilon": -0.1}, "option epsilon=-0.1 (float) is invalid: expected a number >= 0"),
+    ({"non_blocking": "yes"}, "option non_blocking='yes' (str) is invalid: expected True or False"),
+    ({"timeout": 0}, "option timeout=0 (int) is invalid: expected a number > 0 or None"),
     ({"staleness": 2}, "unknown option(s) ['staleness'] for sync='esync'"),
 ])
 def test_esync_bad_options_raise_value_error_naming_them(options, needle):
@@ -19,13 +19,13 @@ def test_esync_bad_options_raise_value_error_naming_them(options, needle):
 
 
 @pytest.mark.parametrize("options, needle", [
-    ({"warmup_steps": -1}, "warmup_steps must be an int >= 0"),
-    ({"warmup_steps": 1.5}, "warmup_steps must be an int >= 0"),
-    ({"local_updater": "adam"}, "local_updater must be one of sgd, dc-asgd-c, dc-asgd-a"),
-    ({"local_lr": 0}, "local_lr must be a number > 0 or None"),
-    ({"dc_lambda": -0.1}, "dc_lambda must be a number >= 0"),
-    ({"mean_square_decay": 1.0}, "mean_square_decay must be in [0, 1)"),
-    ({"timeout": -2}, "timeout must be a number > 0"),
+    ({"warmup_steps": -1}, "option warmup_steps=-1 (int) is invalid: expected an int >= 0"),
+    ({"warmup_steps": 1.5}, "option warmup_steps=1.5 (float) is invalid: expected an int >= 0"),
+    ({"local_updater": "adam"}, "option local_updater='adam' (str) is invalid: expected 'sgd' or 'dc-asgd-c' or 'dc-asgd-a'"),
+    ({"local_lr": 0}, "option local_lr=0 (int) is invalid: expected a number > 0 or None"),
+    ({"dc_lambda": -0.1}, "option dc_lambda=-0.1 (float) is invalid: expected a number >= 0"),
+    ({"mean_square_decay": 1.0}, "option mean_square_decay=1.0 (float) is invalid: expected a number >= 0 and < 1"),
+    ({"timeout": -2}, "option timeout=-2 (int) is invalid: expected a number > 0 or None"),
     ({"local_updaters": "sgd"}, "unknown option(s) ['local_updaters'] for sync='od-sgd'"),
 ])
 def test_od_sgd_bad_options_raise_value_error_naming_them(options, needle):

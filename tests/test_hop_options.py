@@ -19,15 +19,15 @@ def test_hop_is_registered():
 
 
 @pytest.mark.parametrize("options, needle", [
-    (dict(topology="torus"), "unknown topology 'torus'"),
-    (dict(max_ig=0), "max_ig must be an int >= 1"),
-    (dict(backup_workers=-1), "backup_workers must be an int >= 0"),
-    (dict(staleness=-2), "staleness must be an int >= 0"),
+    (dict(topology="torus"), "option topology='torus' (str) is invalid: expected a list or 'ring'"),
+    (dict(max_ig=0), "option max_ig=0 (int) is invalid: expected an int >= 1"),
+    (dict(backup_workers=-1), "option backup_workers=-1 (int) is invalid: expected an int >= 0"),
+    (dict(staleness=-2), "option staleness=-2 (int) is invalid: expected an int >= 0 or None"),
     (dict(skip=2), "skip needs backup_workers >= 1 or staleness"),
     (dict(skip_trigger=3), "skip_trigger is set but skip is not"),
-    (dict(node_links=2), "node_links must be 1 or 'all'"),
-    (dict(timeout=0), "timeout must be > 0"),
-    (dict(topology=7), "topology must be a name or a list"),
+    (dict(node_links=2), "option node_links=2 (int) is invalid: expected 1 or 'all'"),
+    (dict(timeout=0), "option timeout=0 (int) is invalid: expected a number > 0 or None"),
+    (dict(topology=7), "option topology=7 (int) is invalid"),
     (dict(max_igg=3), "unknown option(s) ['max_igg']"),
 ])
 def test_bad_options_are_value_errors(options, needle):

@@ -17,6 +17,7 @@ from conftest import assert_ok, run_mpi
 from hetsync import algorithms
 from hetsync.algorithms import horovod_kwargs as hk
 from hetsync.algorithms._wrap import wrap_post_update
+from hetsync.algorithms.options import defaults
 from hetsync.algorithms.base import SyncAlgorithm
 
 # A value other than Horovod's default for every kwarg (process_set: the global one, the only valid one here).
@@ -82,7 +83,7 @@ def test_names_are_exactly_the_installed_horovod_keywords():
 def test_every_mode_accepts_every_horovod_kwarg(mode):
     algo, caught = create(mode, **NON_DEFAULT)
     assert algo.horovod_kwargs == NON_DEFAULT
-    assert algo.options == type(algo).OPTIONS  # the mode's own options are untouched
+    assert algo.options == defaults(type(algo).OPTIONS)  # the mode's own options are untouched
     assert algo.compression is hvd_keras.Compression.fp16
     if type(algo).HOROVOD_PASSTHROUGH:  # allreduce, od-sgd: Horovod applies (and validates) them
         assert caught == [] and algo.ignored_horovod_kwargs == {}
@@ -96,7 +97,7 @@ def test_every_mode_accepts_every_horovod_kwarg(mode):
     assert caught == [] and algo.ignored_horovod_kwargs == {}
     assert algo.compression is hvd_keras.Compression.none and algo.backward_passes_per_step == 1
     # and one at a time, mixed with the mode's own options
-    own = {k: v for k, v in type(algo).OPTIONS.items()}
+    own = defaults(type(algo).OPTIONS)
     for key, value in NON_DEFAULT.items():
         algo, _ = create(mode, **own, **{key: value})
         assert algo.horovod_kwargs == {key: value}

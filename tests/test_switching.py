@@ -80,13 +80,13 @@ def test_sync_mode_schedule_and_auto_settings_are_checked():
     with pytest.raises(ValueError, match="unknown option"):
         SyncMode(schedule={1: ("ripples-static", {"group": 3})})
     assert SyncMode(schedule={3: ("esync", {"epsilon": 0.01})}).schedule == {3: ("esync", {"epsilon": 0.01})}
-    # sync="auto"'s own settings are checked before anything starts (optimizer._auto: no fit hook installed here)
-    from hetsync.optimizer import _auto
+    # sync="auto"'s own settings are checked before anything starts (optimizer._auto_settings: no collective)
+    from hetsync.optimizer import _auto_settings
 
     for bad in (0, 2.5, True):
-        with pytest.raises(ValueError, match="report_every must be an int >= 1"):
-            _auto(None, {}, {"report_every": bad}, True)
-    with pytest.raises(ValueError, match="pretrace must be True or False"):
-        _auto(None, {}, {"pretrace": "yes"}, True)
+        with pytest.raises(ValueError, match=r"option report_every=.* is invalid: expected an int >= 1"):
+            _auto_settings({"report_every": bad})
+    with pytest.raises(ValueError, match="option pretrace='yes' .str. is invalid: expected True or False"):
+        _auto_settings({"pretrace": "yes"})
     with pytest.raises(ValueError, match="unknown option.*'windw'"):
-        _auto(None, {}, {"windw": 3}, True)
+        _auto_settings({"windw": 3})

@@ -4,12 +4,13 @@
 everything method-specific lives in the algorithm's module.
 """
 from hetsync.algorithms import horovod_kwargs
+from hetsync.algorithms.options import check_all
 
 
 class SyncAlgorithm:
     """Base class of a synchronization method.
 
-    Subclasses set ``name`` (the ``sync=`` string), ``OPTIONS`` (option name -> default) and implement
+    Subclasses set ``name`` (the ``sync=`` string), ``OPTIONS`` (option name -> ``options.Option``: default, type, bounds) and implement
     ``wrap(optimizer)``.  Decentralized methods (workers hold different parameters between synchronizations) use
     the ``on_consensus_*`` hooks (see decentralized.py) to withdraw the worker from hetsync's collectives while the
     job averages parameters with Horovod, so nobody waits on a worker that is busy elsewhere.
@@ -52,7 +53,8 @@ class SyncAlgorithm:
                 f"unknown option(s) {unknown} for sync={self.name!r}; valid options: {valid}; and Horovod "
                 f"DistributedOptimizer keyword arguments (accepted by every mode): "
                 f"{', '.join(sorted(horovod_kwargs.NAMES))}")
-        self.options = {**self.OPTIONS, **{k: v for k, v in options.items() if k in self.OPTIONS}}
+        self.options = check_all(f"sync={self.name!r}", self.OPTIONS,
+                                 {k: v for k, v in options.items() if k in self.OPTIONS})
         # Horovod's register_local_var: refs of variables that stay this worker's own (no exchange, no consensus
         # average).  One set for every mode of a family (switching.Family shares it).
         self.local_vars = set()
@@ -74,7 +76,13 @@ class SyncAlgorithm:
         horovod_kwargs.warn_ignored(self.name, self.ignored_horovod_kwargs)
 
     def validate(self):
-        """Checks option values; raise ValueError naming the option and what is allowed."""
+        """Checks between option values (each value's type and bounds were checked against ``OPTIONS`` already);
+        raise ValueError naming the options and what is allowed."""
+
+    def preflight(self):
+        """Checks that need the job (its size, this rank's placement) but no peer: every error ``wrap`` could raise
+        on some ranks only.  A live switch runs it on every rank and refuses the switch everywhere when it fails
+        anywhere (hetsync/switching.py), before any rank leaves the mode in force; ``wrap`` may call it again."""
 
     def wrap(self, optimizer):
         """Returns a Keras optimizer that trains with this method."""
@@ -126,9 +134,20 @@ class SyncAlgorithm:
         """Called after the global average; ``finished`` is True on a worker whose training has ended."""
 
     def activate(self):
-        """A live switch enters this mode again (hetsync/switching.py, collective): re-install what the mode keeps
-        outside this process (a coordinator service's state).  Called after the switch's consensus round, before
-        ``on_consensus_end``.  The first entry is ``wrap`` itself, which needs nothing more."""
+        """The mode is entered (collective): its first use (``DistributedOptimizer``), or a live switch into it
+        (hetsync/switching.py, after the switch's consensus round, before ``on_consensus_end``).  Installs what the
+        mode keeps outside this process (a coordinator service's configuration, a watcher thread): ``wrap`` only
+        builds the optimizer and touches no service, so ``sync="auto"`` can pretrace a mode while another runs."""
+
+    def drain(self, optimizer, variables):
+        """A live switch leaves this mode (every rank, after ``on_consensus_begin``, before the switch's average):
+        gradients the mode holds but has not applied are applied now, as local updates of ``optimizer`` (the
+        mode's, in force), so the average that follows shares them and none is lost or applied twice.  Default:
+        the ``backward_passes_per_step`` accumulators (_wrap.flush_accumulation).  Returns what was applied (dict of
+        counts, for the switch's record)."""
+        from hetsync.algorithms._wrap import flush_accumulation
+
+        return {"accumulated": flush_accumulation(optimizer, variables)}
 
     def deactivate(self):
         """A live switch leaves this mode (after ``on_consensus_begin``): drop state that must not outlive it."""

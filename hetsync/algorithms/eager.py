@@ -35,6 +35,7 @@ import itertools
 import tensorflow as tf
 
 from hetsync.algorithms import register
+from hetsync.algorithms.options import TIMEOUT, Option
 from hetsync.algorithms._wrap import wrap_post_update
 from hetsync.algorithms.base import SyncAlgorithm
 
@@ -46,7 +47,14 @@ class EagerSGD(SyncAlgorithm):
     """Shared by both modes; ``MODE`` is the partial collective ("solo" or "majority")."""
 
     MODE = None
-    OPTIONS = {"model_sync_every": DEFAULT_MODEL_SYNC_EVERY, "seed": 0, "timeout": None, "late": "accumulate"}
+    OPTIONS = {
+        "model_sync_every": Option(DEFAULT_MODEL_SYNC_EVERY, "int", minimum=1, none=True,
+                                   doc="batches between model averages (None: epoch ends only)"),
+        "seed": Option(0, "int", minimum=0, doc="seed of the initiator choice (solo)"),
+        "timeout": TIMEOUT,
+        "late": Option("accumulate", choices=("accumulate", "latest"),
+                       doc="a late gradient: added to the next round, or only the newest kept"),
+    }
     HOROVOD_REASONS = {
         "device_dense": "it places Horovod's gradient allreduce ops on a device; sync={mode!r} exchanges gradients "
                         "with the partial allreduce in hetsync's engine (MPI, host memory)",
@@ -64,19 +72,6 @@ class EagerSGD(SyncAlgorithm):
                                  "sync={mode!r} exchanges every gradient through the partial allreduce",
     }
 
-    def validate(self):
-        every = self.options["model_sync_every"]
-        if every is not None and (not isinstance(every, int) or isinstance(every, bool) or every < 1):
-            raise ValueError(f"model_sync_every must be a positive int (batches) or None, got {every!r}")
-        seed = self.options["seed"]
-        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
-        if self.options["late"] not in ("accumulate", "latest"):
-            raise ValueError(f"late must be 'accumulate' or 'latest', got {self.options['late']!r}")
-        timeout = self.options["timeout"]
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
-
     @property
     def consensus_every(self):
         """hetsync/training/: mid-epoch model averages every this many batches (None: epoch ends only)."""
@@ -87,6 +82,7 @@ class EagerSGD(SyncAlgorithm):
 
         _runtime.require_init(f"sync={self.name!r}")
         self.collective = f"eager-{next(_WRAPS)}"
+        self._exchanged = {}  # wire dtype name -> the variables its partial allreduce carries, in order
         with tf.init_scope():
             self._calls = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetsync_eager_calls")
             self._included = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetsync_eager_included")
@@ -94,13 +90,25 @@ class EagerSGD(SyncAlgorithm):
             self._last_nap = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetsync_eager_last_nap")
         return wrap_post_update(optimizer, self)
 
-    def deactivate(self):
-        """A live switch leaves eager-SGD: gradients no round took and results not yet returned predate the
-        switch's consensus average (which already holds them); drop them so a later return here starts clean."""
+    def drain(self, optimizer, variables):
+        """A live switch leaves eager-SGD, every rank having finished its last step: what each partial allreduce
+        holds for this rank but has not returned (round results since its last call, its own deposit that no round
+        took: ops.partial_drain) is applied here as one local update of the user's optimizer.  The switch's average
+        then shares it, so every gradient is applied exactly once (with late="accumulate"; weight 1/P per rank, as
+        a round's result) and nothing waits in the engine for a later return to this mode."""
         from hetsync import ops
+        from hetsync.algorithms._wrap import apply_locally
 
-        for wire in ("float32", "float64"):
-            ops.partial_discard(f"{self.collective}.{wire}")
+        done = super().drain(optimizer, variables)
+        drained = []
+        for wire, exchanged in sorted(self._exchanged.items()):
+            dtype = tf.float64 if wire == "float64" else tf.float32
+            sums = ops.partial_drain(f"{self.collective}.{wire}", [tf.zeros(v.shape, dtype) for v in exchanged])
+            drained += [(tf.cast(s, v.dtype), v) for s, v in zip(sums, exchanged)]
+        if drained and any(bool(tf.reduce_any(s != 0)) for s, _ in drained):
+            apply_locally(optimizer, drained)
+            done["drained"] = len(drained)
+        return done
 
     def before_update(self, grads, variables):
         """The gradient exchange of one step: one partial allreduce per dtype (float32 for half precisions)."""
@@ -114,6 +122,7 @@ class EagerSGD(SyncAlgorithm):
         previous = []
         for wire in sorted(groups, key=lambda d: d.name):  # the same order on every rank
             idx = groups[wire]
+            self._exchanged[wire.name] = [variables[i] for i in idx]  # what a switch drains (at trace time)
             with tf.control_dependencies(previous):
                 res = ops.partial_allreduce([tf.cast(grads[i], wire) for i in idx], mode=self.MODE,
                                             name=f"{self.collective}.{wire.name}", seed=self.options["seed"],

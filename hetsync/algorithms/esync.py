@@ -44,20 +44,23 @@ import time
 import tensorflow as tf
 
 from hetsync.algorithms import register
+from hetsync.algorithms.options import TIMEOUT, Option
 from hetsync.algorithms._wrap import wrap_post_update
 from hetsync.algorithms.base import SyncAlgorithm
 
 _WRAPS = itertools.count()
 
 
-def _number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
 
 @register
 class ESync(SyncAlgorithm):
     name = "esync"
-    OPTIONS = {"global_lr": 1.0, "epsilon": 0.005, "non_blocking": False, "timeout": None}
+    OPTIONS = {
+        "global_lr": Option(1.0, "number", minimum=0, above=True, doc="the global learning rate of eq. 7"),
+        "epsilon": Option(0.005, "number", minimum=0, doc="seconds of slack in the State Server's decision"),
+        "non_blocking": Option(False, "bool", doc="aggregate with the engine's non-blocking allreduce"),
+        "timeout": TIMEOUT,
+    }
     LOCAL_ITERATIONS = True  # one Keras step runs run_step (several local iterations)
     STEPPING = "rounds"
     HOROVOD_REASONS = {
@@ -73,25 +76,13 @@ class ESync(SyncAlgorithm):
         "scale_local_gradients": "sync={mode!r} allreduces no gradients: each worker applies its own, unscaled",
     }
 
-    def validate(self):
-        o = self.options
-        if not _number(o["global_lr"]) or o["global_lr"] <= 0:
-            raise ValueError(f"global_lr must be a number > 0, got {o['global_lr']!r}")
-        if not _number(o["epsilon"]) or o["epsilon"] < 0:
-            raise ValueError(f"epsilon must be a number >= 0 (seconds), got {o['epsilon']!r}")
-        if not isinstance(o["non_blocking"], bool):
-            raise ValueError(f"non_blocking must be True or False, got {o['non_blocking']!r}")
-        if o["timeout"] is not None and (not _number(o["timeout"]) or o["timeout"] <= 0):
-            raise ValueError(f"timeout must be a number > 0 (seconds) or None, got {o['timeout']!r}")
-
     # -- set-up -------------------------------------------------------------------------------------------------
     def wrap(self, optimizer):
         from hetsync import _runtime
 
         _runtime.require_init("sync='esync'")
         services = _runtime.services()
-        services.install_state_server(float(self.options["epsilon"]))
-        self.client = services.state_client()
+        self.client = services.state_client()  # a channel: the State Server is installed by activate
         self.wait_timeout = float(self.options["timeout"] or _runtime.timeout())
         self.scope = f"hetsync.esync.{next(_WRAPS)}"
         self.local_hooks = []          # callbacks with on_local_iteration_begin/_end (the training layer sets them)
@@ -310,7 +301,8 @@ class ESync(SyncAlgorithm):
             self._aggregate_fn.get_concrete_function(tf.constant(1.0), start, tf.constant(0.0))
 
     def activate(self):
-        """A live switch comes back to ESync: a fresh State Server, and the next step starts a new fit's rounds."""
+        """ESync is entered (first use, or a live switch back): a fresh State Server (collective), and the next
+        step starts a new fit's rounds."""
         from hetsync import _runtime
 
         _runtime.services().install_state_server(float(self.options["epsilon"]))

@@ -31,6 +31,7 @@ import sys
 import tensorflow as tf
 
 from hetsync.algorithms import register
+from hetsync.algorithms.options import TIMEOUT, Option
 from hetsync.algorithms import hop_topology as topo
 from hetsync.algorithms._wrap import wrap_post_update
 from hetsync.algorithms.decentralized import DecentralizedAlgorithm
@@ -38,43 +39,33 @@ from hetsync.algorithms.decentralized import DecentralizedAlgorithm
 _WRAPS = itertools.count()  # queue set names: the n-th wrapped optimizer of the process (same order on all ranks)
 
 
-def _int(value, name, low, allow_none=False):
-    if value is None and allow_none:
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        extra = " or None" if allow_none else ""
-        raise ValueError(f"{name} must be an int >= {low}{extra}, got {value!r}")
-
 
 @register
 class Hop(DecentralizedAlgorithm):
     name = "hop"
-    OPTIONS = {"topology": "ring-based", "max_ig": 4, "backup_workers": 0, "staleness": None, "skip": None,
-               "skip_trigger": None, "node_size": None, "node_links": 1, "timeout": None}
+    OPTIONS = {
+        "topology": Option("ring-based", "list", choices=topo.NAMED,
+                           doc="a named graph or a list of in-neighbour lists"),
+        "max_ig": Option(4, "int", minimum=1, doc="token queue size: the most iterations ahead of a neighbour"),
+        "backup_workers": Option(0, "int", minimum=0, doc="updates per iteration a worker may go without (§4.3)"),
+        "staleness": Option(None, "int", minimum=0, none=True, doc="bounded staleness s (§4.4; None: off)"),
+        "skip": Option(None, "int", minimum=1, none=True, doc="most iterations one jump skips (§5; None: off)"),
+        "skip_trigger": Option(None, "int", minimum=0, none=True,
+                               doc="iterations behind every out-neighbour that trigger a jump (None: max_ig // 2)"),
+        "node_size": Option(None, ("int", "list"), minimum=1, none=True,
+                            doc="workers per machine, or a list of machine sizes (None: Horovod's local_size)"),
+        "node_links": Option(1, choices=(1, "all"), doc="links between machines in node-allreduce-ring"),
+        "timeout": TIMEOUT,
+    }
 
     def validate(self):
         o = self.options
-        _int(o["max_ig"], "max_ig", 1)
-        _int(o["backup_workers"], "backup_workers", 0)
-        _int(o["staleness"], "staleness", 0, allow_none=True)
-        _int(o["skip"], "skip", 1, allow_none=True)
-        _int(o["skip_trigger"], "skip_trigger", 0, allow_none=True)
         if o["skip"] is not None and not o["backup_workers"] and o["staleness"] is None:
             raise ValueError("skip needs backup_workers >= 1 or staleness: in standard decentralized training a "
                              "worker is never more than one iteration behind an out-neighbour (Hop Theorem 1), so "
                              "it would never jump")
         if o["skip_trigger"] is not None and o["skip"] is None:
             raise ValueError("skip_trigger is set but skip is not: set skip=<max iterations per jump>")
-        if o["node_links"] not in (1, "all"):
-            raise ValueError(f"node_links must be 1 or 'all', got {o['node_links']!r}")
-        if o["timeout"] is not None and not o["timeout"] > 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {o['timeout']!r}")
-        t = o["topology"]
-        if isinstance(t, str) and t not in topo.NAMED:
-            raise ValueError(f"unknown topology {t!r}; valid: {', '.join(topo.NAMED)}, or a list of in-neighbour "
-                             "lists")
-        if not isinstance(t, (str, list, tuple)):
-            raise ValueError(f"topology must be a name or a list of in-neighbour lists, got {t!r}")
         if _horovod_ready():
             self.graph()  # errors that need the world size: at construction, on every rank
 

@@ -33,6 +33,7 @@ Choices where the paper is silent (README, "OD-SGD"):
 import tensorflow as tf
 
 from hetsync.algorithms import horovod_kwargs, register
+from hetsync.algorithms.options import TIMEOUT, Option
 from hetsync.algorithms._synchronous import IdleContribution, loss_scale_parts
 from hetsync.algorithms._wrap import build_slots, rebuild_from_config
 from hetsync.algorithms.base import SyncAlgorithm
@@ -40,34 +41,24 @@ from hetsync.algorithms.base import SyncAlgorithm
 LOCAL_UPDATERS = ("sgd", "dc-asgd-c", "dc-asgd-a")
 
 
-def _number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
 
 @register
 class ODSGD(IdleContribution, SyncAlgorithm):
     name = "od-sgd"
     STEPPING = "lockstep"
-    OPTIONS = {"warmup_steps": 100, "local_updater": "sgd", "local_lr": None, "dc_lambda": 0.04,
-               "mean_square_decay": 0.95, "timeout": None}
+    OPTIONS = {
+        "warmup_steps": Option(100, "int", minimum=0, doc="steps of plain allreduce before the one-step delay"),
+        "local_updater": Option("sgd", choices=LOCAL_UPDATERS, doc="the local updater (§4.2)"),
+        "local_lr": Option(None, "number", minimum=0, above=True, none=True,
+                           doc="the local updater's learning rate (None: the optimizer's)"),
+        "dc_lambda": Option(0.04, "number", minimum=0, doc="DC-ASGD's compensation strength"),
+        "mean_square_decay": Option(0.95, "number", minimum=0, maximum=1, below=True,
+                                    doc="DC-ASGD-a's mean-square decay"),
+        "timeout": TIMEOUT,
+    }
     HOROVOD_APPLIED = frozenset(horovod_kwargs.NAMES)
     HOROVOD_PASSTHROUGH = True  # the warm-up is Horovod's DistributedOptimizer itself
 
-    def validate(self):
-        o = self.options
-        if not isinstance(o["warmup_steps"], int) or isinstance(o["warmup_steps"], bool) or o["warmup_steps"] < 0:
-            raise ValueError(f"warmup_steps must be an int >= 0, got {o['warmup_steps']!r}")
-        if o["local_updater"] not in LOCAL_UPDATERS:
-            raise ValueError(f"local_updater must be one of {', '.join(LOCAL_UPDATERS)}, got {o['local_updater']!r}")
-        if o["local_lr"] is not None and (not _number(o["local_lr"]) or o["local_lr"] <= 0):
-            raise ValueError(f"local_lr must be a number > 0 or None (the optimizer's learning rate), "
-                             f"got {o['local_lr']!r}")
-        if not _number(o["dc_lambda"]) or o["dc_lambda"] < 0:
-            raise ValueError(f"dc_lambda must be a number >= 0, got {o['dc_lambda']!r}")
-        if not _number(o["mean_square_decay"]) or not 0 <= o["mean_square_decay"] < 1:
-            raise ValueError(f"mean_square_decay must be in [0, 1), got {o['mean_square_decay']!r}")
-        if o["timeout"] is not None and (not _number(o["timeout"]) or o["timeout"] <= 0):
-            raise ValueError(f"timeout must be a number > 0 (seconds) or None, got {o['timeout']!r}")
 
     # -- set-up -------------------------------------------------------------------------------------------------
     def wrap(self, optimizer):

@@ -19,7 +19,7 @@ counts this worker as away (it left its train step longer than ``away_after`` ag
 collective), a watcher thread tells the GG (``Away``): the GG stops drafting it and excuses it from the groups it
 has not received, and the engine is told to answer EXCLUDE for those group ids.  Its next request brings it back.
 """
-import sys
+import logging
 import threading
 
 import numpy as np
@@ -27,8 +27,11 @@ import tensorflow as tf
 
 from hetsync.algorithms import register
 from hetsync.algorithms._wrap import wrap_post_update
+from hetsync.algorithms.options import TIMEOUT, Option
 from hetsync.algorithms.decentralized import DecentralizedAlgorithm
 from hetsync.coordinator.group_generator import ProtocolViolation
+
+log = logging.getLogger("hetsync.ripples")
 
 GG_STREAM = 2  # engine instance stream: (GG_STREAM, group id) names the same P-Reduce on every member
 _WATCH_PERIOD_S = 0.02
@@ -37,15 +40,6 @@ _WATCH_PERIOD_S = 0.02
 class GroupGeneratorAlgorithm(DecentralizedAlgorithm):
     GG_MODE = None
     GG_OPTIONS = ()  # options passed to the generator; the others are worker-side
-
-    def validate(self):
-        group_size = self.options["group_size"]
-        if not isinstance(group_size, int) or group_size < 2:
-            raise ValueError(f"group_size must be an int >= 2, got {group_size!r}")
-        for key in ("timeout", "ack_timeout"):
-            value = self.options.get(key)
-            if value is not None and value <= 0:
-                raise ValueError(f"{key} must be > 0 seconds, got {value!r}")
 
     def wrap(self, optimizer):
         from hetsync import _runtime
@@ -56,21 +50,29 @@ class GroupGeneratorAlgorithm(DecentralizedAlgorithm):
         if gen_options.get("ack_timeout") is None:
             gen_options["ack_timeout"] = _runtime.timeout()
         wire = "fp16" if "fp16" in getattr(self.compression, "__name__", "").lower() else "none"
-        self.services.configure(self.GG_MODE, gen_options, worker_options={"compression": wire})
         self._gen_options, self._wire = gen_options, wire
         self.client = self.services.client()
-        self.services.owed_p_reduce = self._p_reduce_group
         self._variables = None
-        self._start_watcher()
+        self._watcher = None
         return wrap_post_update(optimizer, self)
 
     # -- away watcher -------------------------------------------------------------------------------------------
     def _start_watcher(self):
+        """Once, when the mode is first entered (activate): a pretraced mode not in force watches nothing."""
+        if self._watcher is not None:
+            return
         self._paused = threading.Event()  # set during consensus rounds: the worker left the GG on purpose
         self._stop = threading.Event()
         self.away_reports = 0
-        thread = threading.Thread(target=self._watch, name="hetsync-gg-away", daemon=True)
-        thread.start()
+        self._watcher = threading.Thread(target=self._watch, name="hetsync-gg-away", daemon=True)
+        self._watcher.start()
+        self.services.on_stop(self.stop_watcher)
+
+    def stop_watcher(self):
+        """hetsync.shutdown(): the watcher thread ends (joined) before the coordinator services stop."""
+        if self._watcher is not None:
+            self._stop.set()
+            self._watcher.join(timeout=2 * _WATCH_PERIOD_S + 1.0)
 
     def _watch(self):
         """Tells the GG when the engine counts this worker as away (see the module docstring)."""
@@ -91,7 +93,7 @@ class GroupGeneratorAlgorithm(DecentralizedAlgorithm):
                 reported = True
             except Exception as exc:  # the job may be ending (GG stopped): report once, stop watching
                 if not self._stop.is_set():
-                    print(f"hetsync: rank {self.services.rank}: away watcher stopped: {exc}", file=sys.stderr)
+                    log.warning("rank %d: away watcher stopped: %s", self.services.rank, exc)
                 return
 
     # -- inside the training step -------------------------------------------------------------------------------
@@ -148,9 +150,11 @@ class GroupGeneratorAlgorithm(DecentralizedAlgorithm):
             var.assign(value)
 
     def activate(self):
-        """A live switch comes back to this mode: the Group Generator may serve another configuration now."""
+        """The mode is entered (first use, or a live switch back): the Group Generator serves this mode's
+        configuration (another mode may have installed its own meanwhile); the away watcher runs."""
         self.services.configure(self.GG_MODE, self._gen_options, worker_options={"compression": self._wire})
         self.services.owed_p_reduce = self._p_reduce_group
+        self._start_watcher()
 
     def _leave_gg(self):
         self.client.finish_and_drain(self._p_reduce_group)
@@ -182,7 +186,13 @@ class GroupGeneratorAlgorithm(DecentralizedAlgorithm):
         return out
 
 
-_COMMON = {"group_size": 3, "seed": 0, "ack_timeout": None, "timeout": None}
+_COMMON = {
+    "group_size": Option(3, "int", minimum=2, doc="workers per P-Reduce group"),
+    "seed": Option(0, "int", minimum=0, doc="the Group Generator's random seed"),
+    "ack_timeout": Option(None, "number", minimum=0, above=True, none=True,
+                          doc="seconds the Group Generator waits for a member's acknowledgement (None: timeout)"),
+    "timeout": TIMEOUT,
+}
 
 
 @register
@@ -197,14 +207,11 @@ class RipplesRandom(GroupGeneratorAlgorithm):
 class RipplesSmart(GroupGeneratorAlgorithm):
     name = "ripples-smart"
     GG_MODE = "smart"
-    OPTIONS = dict(_COMMON, c_thres=5, inter_intra=True, exclude_laggards=True, node_size=None)
+    OPTIONS = dict(_COMMON,
+                   c_thres=Option(5, "int", minimum=1, none=True, doc="conflict threshold (§5.3; None: off)"),
+                   inter_intra=Option(True, "bool", doc="Inter-Intra synchronization (§5.3)"),
+                   exclude_laggards=Option(True, "bool", doc="slow workers left out of groups (§5.3)"),
+                   node_size=Option(None, "int", minimum=1, none=True,
+                                    doc="workers per machine (None: Horovod's local_size)"))
     GG_OPTIONS = ("group_size", "seed", "ack_timeout", "c_thres", "inter_intra", "exclude_laggards", "node_size")
 
-    def validate(self):
-        super().validate()
-        c_thres = self.options["c_thres"]
-        if c_thres is not None and (not isinstance(c_thres, int) or c_thres < 1):
-            raise ValueError(f"c_thres must be a positive int or None, got {c_thres!r}")
-        node_size = self.options["node_size"]
-        if node_size is not None and (not isinstance(node_size, int) or node_size < 1):
-            raise ValueError(f"node_size must be a positive int, got {node_size!r}")

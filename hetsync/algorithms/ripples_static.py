@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from hetsync.algorithms import register
 from hetsync.algorithms._wrap import wrap_post_update
+from hetsync.algorithms.options import TIMEOUT, Option
 from hetsync.algorithms.decentralized import DecentralizedAlgorithm
 from hetsync.algorithms.schedule import PERIOD, Layout, period_groups
 
@@ -35,15 +36,16 @@ def default_node_size(hvd):
 @register
 class RipplesStatic(DecentralizedAlgorithm):
     name = "ripples-static"
-    OPTIONS = {"node_size": None, "timeout": None}
+    OPTIONS = {"node_size": Option(None, "int", minimum=1, none=True,
+                                   doc="workers per machine (None: Horovod's local_size)"),
+               "timeout": TIMEOUT}
 
-    def validate(self):
-        node_size = self.options["node_size"]
-        if node_size is not None and (not isinstance(node_size, int) or node_size < 1):
-            raise ValueError(f"node_size must be a positive int, got {node_size!r}")
-        timeout = self.options["timeout"]
-        if timeout is not None and timeout <= 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+    def preflight(self):
+        """The node layout: from node_size, else Horovod's placement, which may not be a block layout on every
+        rank (a rank-dependent error: raised here, before a switch's collectives)."""
+        import horovod.tensorflow as hvd
+
+        self.layout = Layout(hvd.size(), self.options["node_size"] or default_node_size(hvd))
 
     def wrap(self, optimizer):
         import horovod.tensorflow as hvd
@@ -51,8 +53,7 @@ class RipplesStatic(DecentralizedAlgorithm):
         from hetsync import _runtime
 
         _runtime.require_init("sync='ripples-static'")
-        node_size = self.options["node_size"] or default_node_size(hvd)
-        self.layout = Layout(hvd.size(), node_size)
+        self.preflight()
         self.groups = period_groups(hvd.rank(), self.layout)
         width = max(len(g) for g in self.groups)
         table = np.full((PERIOD, width), -1, dtype=np.int32)

@@ -31,10 +31,22 @@ a mode name or ``(mode, options)``.
 """
 import statistics
 
+from hetsync.algorithms.options import Option, check_all, defaults
+
 CLASSES = ("homogeneous", "straggler", "random")
 DEFAULT_CANDIDATES = {"homogeneous": "allreduce", "straggler": "esync", "random": "eager-solo"}
-DEFAULTS = {"window": 10.0, "min_interval": 10.0, "settle": 2.0, "min_samples": 5, "straggler_ratio": 1.5,
-            "straggler_exit": 1.25, "random_fraction": 0.06, "random_exit": 0.03, "slow_sample_ratio": 2.5}
+SETTINGS = {
+    "window": Option(10.0, "number", minimum=0, above=True, doc="seconds of samples the policy looks at"),
+    "min_interval": Option(10.0, "number", minimum=0, doc="seconds between two switches"),
+    "settle": Option(2.0, "number", minimum=0, doc="seconds a new class must be seen before it is acted on"),
+    "min_samples": Option(5, "int", minimum=1, doc="samples every training rank needs in the window"),
+    "straggler_ratio": Option(1.5, "number", minimum=1, doc="m_r / typical that makes rank r a straggler"),
+    "straggler_exit": Option(1.25, "number", minimum=1, doc="m_r / typical below which a straggler is one no more"),
+    "random_fraction": Option(0.06, "number", minimum=0, maximum=1, doc="share of slow samples that is random"),
+    "random_exit": Option(0.03, "number", minimum=0, maximum=1, doc="share of slow samples below which it ends"),
+    "slow_sample_ratio": Option(2.5, "number", minimum=1, doc="sample / typical that makes a sample slow"),
+}
+DEFAULTS = defaults(SETTINGS)
 EVALUATE_EVERY_S = 0.25
 
 
@@ -50,7 +62,8 @@ def normalize_candidates(candidates):
         merged.update(candidates)
     out = {}
     for cls, value in merged.items():
-        mode, options = (value, {}) if isinstance(value, str) else tuple(value)
+        pair = isinstance(value, (tuple, list)) and len(value) == 2
+        mode, options = (value, {}) if isinstance(value, str) else tuple(value) if pair else (None, None)
         if not isinstance(mode, str) or not isinstance(options, dict):
             raise ValueError(f"candidates[{cls!r}] must be a mode name or (mode, options dict), got {value!r}")
         out[cls] = (mode, dict(options))
@@ -66,9 +79,7 @@ class AutoPolicy:
             raise ValueError(f"unknown auto setting(s) {unknown}; valid: {', '.join(sorted(DEFAULTS))}")
         self.size = int(size)
         self.candidates = normalize_candidates(candidates)
-        self.s = {**DEFAULTS, **settings}
-        if not self.s["window"] > 0 or self.s["min_interval"] < 0 or self.s["settle"] < 0:
-            raise ValueError("window must be > 0 s; min_interval and settle must be >= 0 s")
+        self.s = check_all("sync='auto'", SETTINGS, settings)
         self.samples = [[] for _ in range(self.size)]   # per rank: (time, compute seconds per iteration)
         self.state = None          # the class in force (None until the first switch or the first stable class)
         self.seen = None           # (class, since): the class every evaluation has returned since ``since``

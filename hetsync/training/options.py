@@ -43,3 +43,54 @@ def gather(what, values):
     everyone = hvd.allgather(tf.constant([[int(v) for v in values]], tf.int64),
                              name=f"hetsync.gather.{what}.{next(_AGREEMENTS)}")
     return everyone.numpy().tolist()
+
+
+def agree_or_raise(what, error, fingerprint):
+    """Collective (one small Horovod allgather of objects), for a call every rank makes with what should be the same
+    arguments: ``error`` is this rank's own validation failure (a string, or None) and ``fingerprint`` its
+    arguments, canonical.  Raises the same ValueError on every rank when any rank failed (naming each and its
+    reason) or when the ranks' arguments differ (naming the ranks that differ from rank 0), so a rank-dependent
+    mistake never leaves the other ranks waiting in a later collective.  Horovod not started: nothing to agree
+    with; ``error`` is raised here."""
+    import horovod.tensorflow as hvd
+
+    try:
+        started = hvd.is_initialized()
+    except (AttributeError, ValueError):
+        started = False
+    if not started or hvd.size() == 1:
+        if error:
+            raise ValueError(error)
+        return
+    rows = hvd.allgather_object((error, fingerprint), name=f"hetsync.agree.{what}.{next(_AGREEMENTS)}")
+    failed = [(r, e) for r, (e, _) in enumerate(rows) if e]
+    if failed:
+        same = len({e for _, e in failed}) == 1
+        if same:
+            raise ValueError(f"{what} failed on rank(s) {[r for r, _ in failed]}: {failed[0][1]}")
+        raise ValueError(f"{what} failed on rank(s) {[r for r, _ in failed]}: " +
+                         "; ".join(f"rank {r}: {e}" for r, e in failed))
+    differ = [r for r, (_, f) in enumerate(rows) if f != rows[0][1]]
+    if differ:
+        raise ValueError(f"{what}: ranks {differ} were given other arguments than rank 0 (rank 0: {rows[0][1]}; "
+                         f"rank {differ[0]}: {rows[differ[0]][1]}); pass the same sync mode and options on every "
+                         "rank")
+
+
+def fingerprint(value):
+    """A canonical, comparable text of option values (dicts sorted; classes and objects by name, as Horovod's
+    ``compression=hvd.Compression.fp16`` or a process set are not JSON)."""
+    import json
+
+    def plain(v):
+        if isinstance(v, dict):
+            return {str(k): plain(x) for k, x in sorted(v.items(), key=lambda kv: str(kv[0]))}
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        if v is None or isinstance(v, (bool, int, float, str)):
+            return v
+        if isinstance(v, type):
+            return f"<class {v.__module__}.{v.__qualname__}>"
+        return f"<{type(v).__qualname__}>"
+
+    return json.dumps(plain(value), sort_keys=True)
