@@ -132,10 +132,10 @@ def exclude(stream, seqs):
                                  tf.constant(seqs, tf.int64))
 
 
-def engine_shutdown():
-    """Stops the engine: collective (drains stray control messages; each of its two barriers gives up after the
-    engine timeout). Idempotent."""
-    _lib.hetsync_engine_shutdown(drain=True)
+def engine_shutdown(drain=True):
+    """Stops the engine.  ``drain``: collective (drains stray control messages; each of its two barriers gives up
+    after the engine timeout); False (this process is failing): no MPI call at all.  Idempotent."""
+    _lib.hetsync_engine_shutdown(drain=bool(drain))
 
 
 def withdraw():
@@ -369,6 +369,16 @@ def partial_discard(name):
     its last call (``late="accumulate"``) and its deposit that no round took (e.g. after a consensus average that
     already contains them).  Local; no-op for an unknown name."""
     _lib.hetsync_partial_discard(collective=name)
+
+
+def partial_drain(name, like):
+    """What this rank's partial allreduce ``name`` holds but has not returned -- the round results since its last
+    call (late="accumulate": all of them; "latest": the newest, if not yet returned) plus its undelivered deposit --
+    shaped like the tensors in ``like`` (the same list, in the same order and dtype, as its calls send); then
+    forgotten.  Waits for a round this rank is taking part in passively (a peer's) to finish first.  A live switch
+    leaving eager-SGD applies it locally (hetsync/algorithms/eager.py), so no gradient is lost or applied twice."""
+    like = [tf.convert_to_tensor(t) for t in like]
+    return list(_lib.hetsync_partial_drain(like=like, collective=name))
 
 
 def allreduce_start(tensors, timeout=None, name=None):

@@ -21,12 +21,16 @@ Keras' compiled step is traced once per (mode, options) the job uses: switching 
 sync="auto" the candidates' steps are traced after the first step (:func:`pretrace`), so no switch stalls on tracing.
 """
 import json
+import logging
 import sys
 import time
 
 import tensorflow as tf
 
 from hetsync import algorithms
+from hetsync.algorithms import horovod_kwargs
+
+log = logging.getLogger("hetsync.switching")
 
 
 def _hvd():
@@ -59,7 +63,6 @@ class Entry:
         self.mode, self.options = mode, dict(options)
         self.algorithm, self.optimizer = algorithm, optimizer
         self.train_function = None
-        self.fresh = True  # wrapped and not yet left: ``wrap`` did the set-up ``activate`` would redo
         self.horovod_register = None
 
     def register(self, var):
@@ -83,11 +86,18 @@ class Family:
         self.history = []                   # switches done on this rank (dicts), for reports
         self.pretrace = []                  # (mode, options) whose train steps the first step traces (auto)
         self.local_vars = set()             # refs registered with register_local_var, shared by every mode
+        self.refusals = []                  # switches every rank refused at their roll call (dicts)
+        self.attempts = 0                   # roll calls so far (the same count on every rank)
 
     # -- entries ----------------------------------------------------------------------------------------------
     def validate(self, mode, options):
-        """Raises ValueError for an unknown mode or a bad option (nothing else happens)."""
-        algorithms.create(mode, **options, **self.horovod_kwargs)
+        """Raises ValueError for an unknown mode or a bad option (nothing else happens: the warning about ignored
+        Horovod keywords is the wrap's to give, once)."""
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", horovod_kwargs.HorovodKwargWarning)
+            algorithms.create(mode, **options, **self.horovod_kwargs)
 
     def entry(self, mode, options):
         """The mode's entry, wrapped on first use (collective when the mode's wrap is: every rank calls it)."""
@@ -121,6 +131,7 @@ class Family:
     def start(self, mode, options):
         """The first mode (``DistributedOptimizer``'s ``sync``): returns its optimizer."""
         entry = self.entry(mode, options)
+        entry.algorithm.activate()
         self.current = key_of(mode, options)
         return entry.optimizer
 
@@ -185,8 +196,9 @@ def pretrace(sync_points, iterator):
     """sync="auto", after a fit's first step (every rank, the same point): wrap each candidate mode of
     ``family.pretrace`` and trace its Keras train step for this iterator, so that the switch into it later reuses
     the traced step instead of stalling every rank on tracing (seconds for a Keras model; all ranks wait for the
-    slowest tracer).  The modes' coordinator set-up is redone by ``activate`` at the switch (the entry is not
-    fresh), since another mode may have replaced it meanwhile.  The mode in force is untouched."""
+    slowest tracer).  A candidate is wrapped but not activated: its coordinator set-up (Group Generator
+    configuration, State Server) happens at the switch into it, so the services of the mode in force are
+    untouched."""
     from hetsync.algorithms._wrap import build_slots
 
     model, family = sync_points.model, sync_points.family
@@ -198,8 +210,7 @@ def pretrace(sync_points, iterator):
         key = key_of(mode, options)
         if key in family.entries:  # the mode in force, or one already used
             continue
-        entry = family.entry(mode, options)
-        entry.fresh = False
+        entry = family.entry(mode, options)  # wrapped, not activated: no coordinator service is touched
         build_slots(entry.optimizer, model.trainable_variables)
         model.optimizer = entry.optimizer
         try:
@@ -215,23 +226,84 @@ def pretrace(sync_points, iterator):
     return traced
 
 
+def preflight(family, mode, options):
+    """This rank's reason to refuse a switch to ``mode`` (a string), or None: the options, and the checks the wrap
+    would make that may fail on some ranks only (``SyncAlgorithm.preflight``: the node layout, Hop's graph)."""
+    key = key_of(mode, options)
+    try:
+        if key in family.entries:
+            algorithm = family.entries[key].algorithm
+        else:
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", horovod_kwargs.HorovodKwargWarning)
+                algorithm = algorithms.create(mode, **options, **family.horovod_kwargs)
+        algorithm.preflight()
+    except (ValueError, RuntimeError, TypeError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def muster(family, mode, options, position):
+    """The switch's roll call, before any rank leaves the mode in force (every rank calls it at the same point):
+    every rank reports its :func:`preflight` to the Switch Board and hears everyone's.  Returns None (switch) or
+    the refusal's reason (the same text on every rank).  A rank that does not come within the engine timeout is
+    named in a RuntimeError on every rank that came: never an endless wait in the switch's Horovod average."""
+    from hetsync import _runtime
+
+    attempt = family.attempts
+    family.attempts += 1
+    error = preflight(family, mode, options)
+    wait = _runtime.timeout()
+    missing, errors = _runtime.services().switch_client().muster(f"switch.{attempt}", error, wait)
+    if missing:
+        raise RuntimeError(f"hetsync: switch to {mode!r} at step {position}: rank(s) {missing} did not come within "
+                           f"{wait:.0f} s (dead, or stuck outside hetsync: in a user's collective, or a callback)")
+    failed = [(r, e) for r, e in enumerate(errors) if e]
+    if not failed:
+        return None
+    return "; ".join(f"rank {r}: {e}" for r, e in failed)
+
+
+def refuse(sync_points, mode, options, reason, why, decision_id=None):
+    """A switch that failed its roll call: training goes on in the mode in force, on every rank; the refusal is
+    recorded (``family.refusals``, ``SyncMode.refusals``) and logged on rank 0."""
+    family = sync_points.family
+    record = {"id": decision_id, "from": family.current_entry.mode, "to": mode, "options": options,
+              "reason": reason, "position": sync_points.position, "refused": why}
+    family.refusals.append(record)
+    if _hvd().rank() == 0:
+        log.warning("hetsync: step %s: switch %s -> %s refused on every rank: %s", sync_points.position,
+                    record["from"], mode, why)
+    return record
+
+
 def perform(sync_points, mode, options, reason, decision_id=None):
     """Switches the job to ``mode`` here (collective: every rank calls it at the same point).  See the module
-    docstring for the steps."""
+    docstring for the steps.  Returns the switch's record, or None when the roll call refused it."""
     from hetsync import ops
     from hetsync.algorithms.decentralized import DecentralizedAlgorithm
     from hetsync.training.consensus import _weighted_average
 
     model, family = sync_points.model, sync_points.family
     began = time.monotonic()
+    why = muster(family, mode, options, sync_points.position)
+    if why is not None:
+        refuse(sync_points, mode, options, reason, why, decision_id)
+        return None
     old_entry = family.current_entry
     old = old_entry.algorithm
     out = sync_points.idle or sync_points.out_for_epoch
     ops.set_availability(ops.AWAY)
     old.on_consensus_begin()
+    drained = old.drain(old_entry.optimizer, model.trainable_variables)
     old.deactivate()
     ops.withdraw()
-    _weighted_average(model, 1.0 if sync_points.steps_since_sync > 0 else 0.0, exclude=family.local_vars, name=
+    # weight 0: a rank that trained nothing since the last sync point (its model is that point's), unless the drain
+    # just applied gradients here
+    trained = sync_points.steps_since_sync > 0 or any(drained.values())
+    _weighted_average(model, 1.0 if trained else 0.0, exclude=family.local_vars, name=
                       f"hetsync.switch.{len(family.history)}")
     inner = getattr(model.train_function, "_hetsync_inner", model.train_function)
     old_entry.train_function = inner
@@ -241,9 +313,7 @@ def perform(sync_points, mode, options, reason, decision_id=None):
     reconcile_optimizer(entry.optimizer, f"hetsync.switch.{len(family.history)}")
     model.optimizer = entry.optimizer
     family.current = key_of(mode, options)
-    if not entry.fresh:
-        new.activate()
-    old_entry.fresh = entry.fresh = False
+    new.activate()
     if isinstance(new, DecentralizedAlgorithm):
         new.on_consensus_end(out)       # rejoins (and withdraws again when idle)
     else:
@@ -263,7 +333,7 @@ def perform(sync_points, mode, options, reason, decision_id=None):
     sync_points.steps_since_sync = 0
     record = {"id": decision_id, "from": old_entry.mode, "to": mode, "options": options, "reason": reason,
               "position": sync_points.position, "time": time.time(), "seconds": time.monotonic() - began,
-              "traced": traced_here}
+              "traced": traced_here, "drained": drained}
     family.history.append(record)
     if _hvd().rank() == 0 and sync_points.verbose:
         print(f"hetsync: step {sync_points.position}: switched {old_entry.mode} -> {mode}"

@@ -75,6 +75,13 @@ class SyncMode(tf.keras.callbacks.Callback):
         return list(family.history) if family is not None else []
 
     @property
+    def refusals(self):
+        """Switches refused on every rank at their roll call (dicts: id, from, to, options, reason, position,
+        refused: the reasons, naming the ranks where the new mode failed its checks)."""
+        family = self._sync_points.family if self._sync_points is not None else None
+        return list(family.refusals) if family is not None else []
+
+    @property
     def mode(self):
         """The mode in force on this rank (None before the first fit)."""
         family = self._sync_points.family if self._sync_points is not None else None

@@ -177,3 +177,53 @@ def wrap_post_update(optimizer, algorithm):
     wrapped._hetsync_accumulation = _Accumulation()
     wrapped._hetsync_algorithm = algorithm
     return wrapped
+
+
+def flush_accumulation(optimizer, variables):
+    """A live switch leaves the mode of ``optimizer`` (hetsync/switching.py): gradients accumulated for
+    ``backward_passes_per_step`` but not yet applied are applied now, as one local update of the user's optimizer
+    (their sum, or their mean over ``backward_passes_per_step`` as the mode would have), and the accumulators are
+    cleared.  The switch's consensus average that follows shares them: every gradient ends up in exactly one model
+    update, none is carried, stale, into a later return to this mode.  hetsync's accumulators (``wrap_post_update``)
+    and Horovod's (allreduce, OD-SGD: ``_agg_helper``) alike.  Returns the number of variables updated (0: nothing was
+    pending)."""
+    pairs, passes, average = _pending_accumulation(optimizer, variables)
+    if not pairs:
+        return 0
+    grads = [g / passes if average else g for g, _ in pairs]
+    apply_locally(optimizer, list(zip(grads, [v for _, v in pairs])))
+    return len(pairs)
+
+
+def apply_locally(optimizer, grads_and_vars):
+    """One update of the user's optimizer class on this rank only: no exchange, no Horovod allreduce (the wrapper
+    classes, ours and Horovod's, subclass the user's; gradient aggregation across replicas is turned off)."""
+    user_class = type(optimizer).__mro__[1]
+    kwargs = ({"experimental_aggregate_gradients": False} if hasattr(optimizer, "_create_all_weights")
+              else {"skip_gradients_aggregation": True})
+    user_class.apply_gradients(optimizer, grads_and_vars, **kwargs)
+
+
+def _pending_accumulation(optimizer, variables):
+    """([(sum, variable), ...], passes per update, average?) of what ``optimizer`` accumulated; clears it."""
+    ours = getattr(optimizer, "_hetsync_accumulation", None)
+    if ours is not None and ours.counter is not None:
+        done = int(ours.counter.numpy())
+        algorithm = optimizer._hetsync_algorithm
+        passes = int(getattr(algorithm, "backward_passes_per_step", 1) or 1)
+        average = bool(getattr(algorithm, "average_aggregated_gradients", False))
+        pairs = [(tf.identity(ours.sums[v.ref()]), v) for v in variables if v.ref() in ours.sums] if done else []
+        for total in ours.sums.values():
+            total.assign(tf.zeros_like(total))
+        ours.counter.assign(0)
+        return pairs, passes, average
+    helper = getattr(optimizer, "_agg_helper", None)  # Horovod's LocalGradientAggregationHelper(Eager)
+    if helper is None or not hasattr(helper, "locally_aggregated_grads"):
+        return [], 1, False
+    done = int(helper.counter.numpy())
+    pairs = ([(tf.identity(acc), variables[i]) for i, acc in sorted(helper.locally_aggregated_grads.items())]
+             if done else [])
+    for acc in helper.locally_aggregated_grads.values():
+        acc.assign(tf.zeros_like(acc))
+    helper.counter.assign(0)
+    return pairs, helper.backward_passes_per_step, helper.average_aggregated_gradients

@@ -8,9 +8,11 @@ consensus round the same configuration is installed afresh (``reset``), so no gr
 outlives it.  At ``hetsync.shutdown()`` every worker tells the GG it finished (serving the groups it still owes),
 and rank 0 stops the server once every worker has finished or the timeout has passed.
 """
+import logging
 import socket
-import sys
 import time
+
+log = logging.getLogger("hetsync.coordinator")
 
 
 def _barrier(hvd, name):
@@ -31,6 +33,8 @@ class JobServices:
         self.hosts = hvd.allgather_object(socket.gethostname(), name="hetsync.hosts")
         self.server, self._client, self.config = None, None, None
         self.owed_p_reduce = None  # set by the GG algorithm: runs a group this worker still owes
+        self._stoppers = []        # callables run first at stop(): threads modes started (GG away watchers)
+        self._channels = []        # State Server clients handed out (closed at stop)
         self._phase = 0
         self._totals = {}  # rank 0: counters of the generators replaced so far
         info = None
@@ -121,7 +125,13 @@ class JobServices:
         """This rank's ESync State Server client (a new one per call)."""
         from hetsync.coordinator.state_service import StateServerClient
 
-        return StateServerClient(self.address, self.secret, self.rank, timeout=self.timeout)
+        client = StateServerClient(self.address, self.secret, self.rank, timeout=self.timeout)
+        self._channels.append(client)
+        return client
+
+    def on_stop(self, fn):
+        """``fn()`` runs first at :meth:`stop` (a mode's thread that must end before the services do)."""
+        self._stoppers.append(fn)
 
     def switch_client(self):
         """This rank's Switch Board client (connected on first use; live switches and sync="auto")."""
@@ -139,22 +149,37 @@ class JobServices:
             self._job = JobClockClient(self.address, self.secret, self.rank, timeout=self.timeout)
         return self._job
 
-    def stop(self):
-        """Tells the GG this worker is done (running the groups it still owes); rank 0 then
-        waits until every worker is done, at most ``timeout`` seconds, and stops the server."""
-        if self._client is not None and self.config is not None:
+    def stop(self, failed=False):
+        """Stops every thread, channel and server hetsync started here.  Normally: tells the GG this worker is
+        done (running the groups it still owes); rank 0 then waits until every worker is done, at most
+        ``timeout`` seconds, and stops the server.  ``failed`` (an exception is ending this process): nothing is
+        waited for -- the peers will not come -- and the server stops at once."""
+        for fn in self._stoppers:
+            fn()
+        self._stoppers = []
+        if self._client is not None and self.config is not None and not failed:
             try:
                 if self.owed_p_reduce is not None:
                     self._client.finish_and_drain(self.owed_p_reduce)
                 else:
                     self._client.finish()
             except Exception as exc:  # the job is ending: report, do not mask the real outcome
-                print(f"hetsync: rank {self.rank} could not finish with the Group Generator: {exc}", file=sys.stderr)
+                # CANCELLED / UNAVAILABLE: rank 0 stopped the server because every rank had finished already (a
+                # mode that left the Group Generator at a switch finished there): nothing was lost.
+                gone = getattr(exc, "code", None) and exc.code().name in ("CANCELLED", "UNAVAILABLE")
+                (log.debug if gone else log.warning)("rank %d could not finish with the Group Generator: %s",
+                                                      self.rank, exc)
         if self.server is not None:
-            self._wait_all_finished()
-            self.server.stop(grace=1.0)
+            if not failed:
+                self._wait_all_finished()
+            self.server.stop(grace=0 if failed else 1.0)
+            self.server = None
         if self._client is not None:
             self._client.close()
+            self._client = None
+        for client in self._channels:
+            client.close()
+        self._channels = []
         for name in ("_job", "_switch"):
             client = getattr(self, name, None)
             if client is not None:
@@ -173,5 +198,5 @@ class JobServices:
                 break
             time.sleep(0.05)
         if left:
-            print(f"hetsync: stopping the Group Generator although ranks {left} did not finish within "
-                  f"{self.timeout:g}s", file=sys.stderr)
+            log.warning("stopping the Group Generator although ranks %s did not finish within %gs", left,
+                        self.timeout)

@@ -25,6 +25,9 @@ class SwitchServicer(pb2_grpc.SwitchBoardServicer):
         self._o, self._clock = owner, clock
         self._lock = threading.Lock()
         owner.switchboard = SwitchBoard(size)
+        self._size = size
+        self._musters = {}  # key -> {"errors": {worker: error}, "replied": set of workers}
+        self._muster_cond = threading.Condition()
 
     def _call(self, request, context, fn):
         require_secret(request.secret, self._o.secret, context)
@@ -66,6 +69,29 @@ class SwitchServicer(pb2_grpc.SwitchBoardServicer):
 
         return self._call(request, context, configure)
 
+    def SwitchMuster(self, request, context):
+        """A roll call: waits (on its own condition, not the board's lock) until every rank came or ``wait_s``."""
+        require_secret(request.secret, self._o.secret, context)
+        if not 0 <= request.worker < self._size:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"worker {request.worker} out of range")
+        with self._muster_cond:
+            m = self._musters.setdefault(request.key, {"errors": {}, "replied": set()})
+            m["errors"][request.worker] = request.error
+            self._muster_cond.notify_all()
+            deadline = time.monotonic() + max(request.wait_s, 0.0)
+            # polls the server's stop flag: a stopping server (an exception on rank 0) ends every wait at once
+            while len(m["errors"]) < self._size and not getattr(self._o, "_stopping", False):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._muster_cond.wait(min(left, 0.5))
+            missing = [r for r in range(self._size) if r not in m["errors"]]
+            errors = [m["errors"].get(r, "") for r in range(self._size)]
+            m["replied"].add(request.worker)
+            if not missing and len(m["replied"]) == self._size:
+                del self._musters[request.key]
+        return pb2.MusterReply(missing=missing, errors=errors)
+
 
 class SwitchClient:
     """One rank's connection to the Switch Board; every call has ``timeout`` seconds."""
@@ -91,6 +117,14 @@ class SwitchClient:
         """Installs ``sync="auto"``'s policy (a dict: candidates and settings; None removes it)."""
         self._stub.SwitchConfigure(pb2.SwitchConfigureMsg(
             secret=self.secret, policy_json=json.dumps(policy) if policy is not None else ""), timeout=self.timeout)
+
+    def muster(self, key, error, wait_s):
+        """The switch's roll call (collective: every rank calls it with the same ``key``): (missing ranks, errors
+        by rank).  Missing ranks are named after ``wait_s`` seconds, never waited for longer."""
+        reply = self._stub.SwitchMuster(pb2.MusterMsg(secret=self.secret, worker=self.worker, key=key,
+                                                      error=error or "", wait_s=float(wait_s)),
+                                        timeout=float(wait_s) + self.timeout)
+        return list(reply.missing), list(reply.errors)
 
     def close(self):
         self._channel.close()

@@ -160,6 +160,8 @@ class SyncPoints(tf.keras.callbacks.Callback):
 
         began = time.monotonic()
         record = switching.perform(self.state, mode, options, reason, decision_id)
+        if record is None:  # refused on every rank at the roll call: the mode in force goes on
+            return None
         self.adopt(self.state.algorithm)
         self.state.job.rebase()
         self.state.clock.sync(time.monotonic() - began)

@@ -1,5 +1,7 @@
 #include "engine/partial_op.h"
 
+#include <cstring>
+
 #include "engine/partial_schedule.h"
 
 namespace hetsync {
@@ -108,6 +110,34 @@ void PartialDiscardOp::Start(EngineContext& ctx) {
   }
   if (s) s->Discard();
   Finish(Status::OK());
+}
+
+void PartialDrainOp::Start(EngineContext& ctx) {
+  deadline_ = Clock::now() +
+              std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(ctx.default_timeout));
+}
+
+bool PartialDrainOp::Progress(EngineContext& ctx) {
+  PartialSchedule* s = ctx.partial.Find(name_);
+  if (!s) {
+    std::memset(out_, 0, bytes_);
+    Finish(Status::OK());
+    return true;
+  }
+  if (s->call_in_flight) {
+    Finish(Status::Error(Code::kFailedPrecondition, "partial allreduce '" + name_ + "' has a call in flight"));
+    return true;
+  }
+  if (s->executing()) {  // a round this rank takes part in passively: its result belongs in the drain
+    if (Clock::now() < deadline_) return false;
+    Finish(Status::Error(Code::kDeadlineExceeded, "partial allreduce '" + name_ + "': round " +
+                                                      std::to_string(s->current_round()) +
+                                                      " still running when draining it"));
+    return true;
+  }
+  s->Drain(out_, bytes_);
+  Finish(Status::OK());
+  return true;
 }
 
 }  // namespace hetsync

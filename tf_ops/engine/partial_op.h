@@ -60,6 +60,25 @@ class PartialDiscardOp : public Operation {
   std::string name_;
 };
 
+// A live switch leaves eager-SGD (hetsync/switching.py): once the schedule `name` runs no round on this rank, what
+// it holds but has not returned -- round results since its last call and its undelivered deposit -- is copied to
+// `out` and forgotten, for the caller to apply locally (so no gradient is lost at a switch, none applied twice).
+class PartialDrainOp : public Operation {
+ public:
+  PartialDrainOp(std::string name, void* out, size_t bytes, std::shared_ptr<void> keepalive, Callback cb)
+      : Operation(std::move(cb)), name_(std::move(name)), out_(out), bytes_(bytes), keepalive_(std::move(keepalive)) {}
+  const char* Name() const override { return "PartialDrain"; }
+  void Start(EngineContext& ctx) override;
+  bool Progress(EngineContext& ctx) override;
+
+ private:
+  std::string name_;
+  void* out_;
+  size_t bytes_;
+  std::shared_ptr<void> keepalive_;
+  Clock::time_point deadline_;
+};
+
 }  // namespace hetsync
 
 #endif  // HETSYNC_ENGINE_PARTIAL_OP_H_

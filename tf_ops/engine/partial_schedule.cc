@@ -70,6 +70,24 @@ void PartialSchedule::Discard() {
   consumed_round_ = result_round_;
 }
 
+void PartialSchedule::Drain(void* out, size_t bytes) {
+  std::memset(out, 0, bytes);
+  if (local_ && send_buf_.size() == bytes) {
+    const bool unconsumed = result_round_ > consumed_round_ && ResultMatchesLocal();
+    const std::vector<char>* results = spec_.accumulate ? &acc_buf_ : (unconsumed ? &recv_buf_ : nullptr);
+    const std::vector<const std::vector<char>*> sources = {results, has_contribution_ ? &send_buf_ : nullptr};
+    for (const std::vector<char>* src : sources) {
+      if (!src || src->size() != bytes) continue;
+      if (spec_.dtype == DataType::kFloat64) {
+        AddInto<double>(src->data(), static_cast<char*>(out), spec_.count);
+      } else {
+        AddInto<float>(src->data(), static_cast<char*>(out), spec_.count);
+      }
+    }
+  }
+  Discard();
+}
+
 int PartialSchedule::Designated(EngineContext& ctx, int64_t round) const {
   if (spec_.mode == PartialMode::kAll) return kAllCoordinator;
   return MajorityInitiator(spec_.seed, spec_.name, round, ctx.size);

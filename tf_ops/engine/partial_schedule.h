@@ -112,6 +112,9 @@ class PartialSchedule {
   bool ResultMatchesLocal() const { return result_spec_ == spec_; }
   void MarkConsumed() { consumed_round_ = result_round_; }
   void Discard();  // PartialDiscardOp: accumulated results and the undelivered deposit are dropped
+  // PartialDrainOp: `out` (`bytes`, spec dtype) = the results this rank has not returned (accumulate: every round
+  // since its last call; latest: the newest, if unconsumed) + its undelivered deposit; then Discard().
+  void Drain(void* out, size_t bytes);
   // Copies the latest result out and marks it consumed.
   PartialResult TakeResult(EngineContext& ctx, void* out, bool included);
 

@@ -183,5 +183,55 @@ class PartialDiscardKernel : public AsyncOpKernel {
 };
 REGISTER_KERNEL_BUILDER(Name("HetsyncPartialDiscard").Device(tensorflow::DEVICE_CPU), PartialDiscardKernel);
 
+REGISTER_OP("HetsyncPartialDrain")
+    .Attr("T: {float, double}")
+    .Attr("N: int >= 1")
+    .Attr("collective: string")
+    .Input("like: N * T")
+    .Output("drained: N * T")
+    .SetIsStateful()
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      int n = 0;
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      for (int i = 0; i < n; ++i) c->set_output(i, c->input(i));
+      return tensorflow::OkStatus();
+    })
+    .Doc("What this rank's partial allreduce `collective` holds but has not returned, shaped like `like`; then "
+         "forgotten (engine/partial_op.h, PartialDrainOp).");
+
+class PartialDrainKernel : public AsyncOpKernel {
+ public:
+  explicit PartialDrainKernel(OpKernelConstruction* c) : AsyncOpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("N", &n_));
+    OP_REQUIRES_OK(c, c->GetAttr("collective", &name_));
+    OP_REQUIRES_OK(c, c->GetAttr("T", &tf_dtype_));
+  }
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    int64_t total = 0;
+    for (int i = 0; i < n_; ++i) total += ctx->input(i).NumElements();
+    std::vector<Tensor*> outputs(n_, nullptr);
+    for (int i = 0; i < n_; ++i) {
+      OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(i, ctx->input(i).shape(), &outputs[i]), done);
+    }
+    auto buffer = std::make_shared<Tensor>();
+    OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_temp(tf_dtype_, TensorShape({total}), buffer.get()), done);
+    const char* data = static_cast<const char*>(buffer->data());
+    auto op = std::make_shared<PartialDrainOp>(
+        name_, buffer->data(), buffer->TotalBytes(), buffer, [ctx, done, outputs, data, buffer](const Status& s) {
+          if (s.ok) Split(data, outputs);
+          ctx->SetStatus(ToTf(s));
+          done();
+        });
+    Status st = Engine::Get().Enqueue(op);
+    OP_REQUIRES_ASYNC(ctx, st.ok, ToTf(st), done);
+  }
+
+ private:
+  int n_ = 0;
+  std::string name_;
+  tensorflow::DataType tf_dtype_;
+};
+REGISTER_KERNEL_BUILDER(Name("HetsyncPartialDrain").Device(tensorflow::DEVICE_CPU), PartialDrainKernel);
+
 }  // namespace
 }  // namespace hetsync
