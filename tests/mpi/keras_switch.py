@@ -9,8 +9,15 @@ Scenario ``pairs`` (argument: modes, default every registered one):
   one switch results; an unknown mode and a bad option raise ValueError on the requesting rank only;
 - after every switch: model.optimizer is the new mode's, and every rank holds the same model, iterations and slots
   (momentum) -- a consistent cut, whatever the old mode left on each rank; the iteration count never goes back;
+- while a synchronous mode (allreduce) is in force, at EVERY step: every rank holds the same model and iterations;
 - every rank carried out the same switches at the same steps; at the end every rank holds one model and it reaches
   a loss target.
+
+Scenario ``warmup`` follows in the same job (issue 18's deadlock): a lazily built model, SGD with momentum, rank 3
+3x slower, sync="esync" (its local iterations put the fast ranks' ``iterations`` ahead); at batch 30 rank 0 asks for
+od-sgd with a warm-up that ends a few dozen steps after the switch.  After the switch ``iterations`` is equal on
+every rank at every step; during the warm-up (plain allreduce) so is the model; the job crosses the warm-up boundary
+into OD-SGD's one-step delay and ends with one model under the loss target.
 Prints OK rank=R.
 """
 import hashlib
@@ -48,6 +55,18 @@ def circuit(nodes):
     return path[::-1]
 
 
+SYNCHRONOUS = ("allreduce",)  # modes in which every step ends with identical replicas
+
+
+def same_everywhere(model, what, weights=True):
+    """Collective: asserts that every rank holds the same ``iterations`` (and model weights)."""
+    it = int(model.optimizer.iterations.numpy())
+    digest = hashlib.sha256(b"".join(np.ascontiguousarray(w).tobytes() for w in model.get_weights())).hexdigest()
+    everyone = hvd_tf.allgather_object((it, digest[:16] if weights else ""))
+    assert len(set(everyone)) == 1, f"ranks differ at {what}: {everyone}"
+    return it
+
+
 def opt_state(optimizer):
     v = optimizer.variables
     return [np.array(x.numpy()) for x in (v() if callable(v) else v)]
@@ -59,7 +78,7 @@ class Checks(tf.keras.callbacks.Callback):
     def __init__(self, switch, route, part1):
         super().__init__()
         self.switch, self.route, self.part1 = switch, route, part1
-        self.seen, self.last_iterations, self.states_checked = 0, 0, 0
+        self.seen, self.last_iterations, self.states_checked, self.lockstep_checks = 0, 0, 0, 0
         self.epoch, self.steps_in_mode = 0, 0
         self.asked = set()      # part 2 switches this rank requested
         self.concurrent = None  # this rank's status in the concurrent requests (ranks 1 and 2)
@@ -86,6 +105,13 @@ class Checks(tf.keras.callbacks.Callback):
         self.seen = len(history)
         self.steps_in_mode = 0
 
+    def _lockstep(self):
+        """In a synchronous mode every step ends with one model and one ``iterations`` on every rank."""
+        if self.model.optimizer._hetsync_family.current_entry.mode not in SYNCHRONOUS:
+            return
+        self.lockstep_checks += 1
+        same_everywhere(self.model, f"lockstep {self.lockstep_checks} ({self.switch.mode})")
+
     def _iterations(self):
         it = int(self.model.optimizer.iterations.numpy())
         assert it >= self.last_iterations, f"iterations went back: {self.last_iterations} -> {it}"
@@ -105,6 +131,7 @@ class Checks(tf.keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         self._check_switch()
         self._iterations()
+        self._lockstep()
         self.steps_in_mode += 1
         done = len(self.switch.history) - self.part1
         if self.epoch <= self.part1 or done < 0 or self.steps_in_mode < GAP:
@@ -176,13 +203,62 @@ def main():
     else:
         assert not checks.errors
     assert checks.states_checked == len(history)
+    assert checks.lockstep_checks >= 4 * len(modes), f"only {checks.lockstep_checks} steps checked in lockstep"
     final = model.evaluate(x_test, y_test, verbose=0)[0]
     weights = hvd_tf.allgather_object([w.tolist() for w in model.get_weights()][-1])
     assert all(w == weights[0] for w in weights), "ranks ended with different models"
-    assert final < 0.5, f"loss {final:.3f} after {len(history)} switches"
+    assert final < 0.25, f"loss {final:.3f} after {len(history)} switches"  # untrained: 2.3
     print(f"rank {rank}: {len(history)} switches ({part1} at epoch starts), final loss {final:.3f}, "
-          f"modes {modes}", flush=True)
+          f"modes {modes}, {checks.lockstep_checks} lockstep steps checked", flush=True)
+    if "esync" in modes and "od-sgd" in modes:
+        warmup_boundary(x, y, x_test, y_test, loss)
     print(f"OK rank={rank}", flush=True)
+
+
+class WarmupChecks(tf.keras.callbacks.Callback):
+    """Scenario ``warmup``: asks for od-sgd at batch 30; checks every step after the switch."""
+
+    def __init__(self, switch):
+        super().__init__()
+        self.switch, self.warmup, self.in_warmup, self.after = switch, None, 0, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == 30:  # ESync rounds: every rank is at this Keras step
+            everyone = hvd_tf.allgather_object(int(self.model.optimizer.iterations.numpy()))
+            assert len(set(everyone)) > 1, f"esync left every rank at the same iterations {everyone}: no test"
+            self.warmup = max(everyone) + 30  # the switch comes a few rounds later, below this
+            if hvd.rank() == 0:
+                assert self.switch.request("od-sgd", warmup_steps=self.warmup) == "accepted"
+        if self.switch.mode != "od-sgd":
+            return
+        it = int(self.model.optimizer.iterations.numpy())
+        warm = it < self.warmup
+        same_everywhere(self.model, f"od-sgd step {batch} (iterations {it})", weights=warm)
+        self.in_warmup += warm
+        self.after += not warm
+        if self.after >= 25:
+            self.model.stop_training = True
+
+
+def warmup_boundary(x, y, x_test, y_test, loss):
+    rank, size = hvd.rank(), hvd.size()
+    tf.keras.utils.set_random_seed(1)
+    model = tf.keras.Sequential([tf.keras.layers.Dense(64, activation="relu"), tf.keras.layers.Dense(10)])  # lazy
+    opt = hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.05, momentum=0.9), sync="esync")
+    model.compile(opt, loss=loss, metrics=["accuracy"])
+    switch = keras_callbacks.SyncMode()
+    checks = WarmupChecks(switch)
+    slow = keras_callbacks.Slowdown("deterministic", ranks=[SLOW], factor=3, base_time=BASE)
+    model.fit(shard(x, y, rank, size, 32, 0), steps_per_epoch=200, epochs=1, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), switch, slow, checks])
+    assert [h["to"] for h in switch.history] == ["od-sgd"], switch.history
+    assert checks.in_warmup >= 5 and checks.after >= 25, (checks.in_warmup, checks.after)
+    final = model.evaluate(x_test, y_test, verbose=0)[0]
+    same_everywhere(model, "the end of the warm-up scenario")
+    assert final < 0.6, f"warm-up scenario: loss {final:.3f}"
+    print(f"rank {rank}: esync -> od-sgd (warmup_steps={checks.warmup}) at step "
+          f"{switch.history[0]['position']}: {checks.in_warmup} steps checked in the warm-up, {checks.after} "
+          f"after it, loss {final:.3f}", flush=True)
 
 
 if __name__ == "__main__":
