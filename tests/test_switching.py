@@ -12,10 +12,22 @@ from conftest import ROOT, assert_ok, run_mpi
 
 def test_every_ordered_pair_switches_at_epoch_ends_and_mid_epoch():
     """4 ranks, rank 3 5x slower: every ordered pair of registered modes switches at an epoch start (schedule) and
-    again mid-epoch (requests from rotating ranks); optimizer slots and iterations carry over bit for bit;
+    again mid-epoch (requests from rotating ranks); right after each switch every rank holds the same model,
+    iterations and slots; in allreduce, at every step; then esync -> od-sgd across the warm-up boundary with
+    iterations equal at every step;
     concurrent requests give one switch; unknown mode / bad option raise on the requesting rank only; every rank
     switches at the same steps and ends with one model under the loss target (tests/mpi/keras_switch.py)."""
     proc = run_mpi(4, "tests/mpi/keras_switch.py", "all", timeout=600)
+    assert_ok(proc, 4)
+
+
+def test_switches_lose_no_gradient_and_a_switch_failing_on_one_rank_is_refused_everywhere():
+    """One-hot deposits (rank r's gradient is e_r), plain SGD, backward_passes_per_step=3, rank 3 3x slower: across
+    every ordered pair of the sum-preserving modes, switched mid-epoch, the final model is exactly -lr x (gradients
+    each rank applied) / P per coordinate -- eager-SGD's undelivered deposits and unreturned rounds and half-filled
+    accumulators are applied once at the switch, never lost or carried; a mode whose checks fail on rank 2 only is
+    refused on every rank, naming rank 2, and training goes on (tests/mpi/switch_conservation.py)."""
+    proc = run_mpi(4, "tests/mpi/switch_conservation.py", timeout=300)
     assert_ok(proc, 4)
 
 

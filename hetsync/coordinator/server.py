@@ -249,8 +249,9 @@ class GGServer:
         self._stopped = threading.Event()
         # One thread per blocked RequestGroup (at most one per worker) plus head-room for acks and metrics.
         max_workers = max_workers or (2 * generator.size + 8)
+        self._executor = futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="hetsync-gg")
         self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="hetsync-gg"),
+            self._executor,
             options=[("grpc.so_reuseport", 0)],
             maximum_concurrent_rpcs=None,
         )
@@ -288,6 +289,7 @@ class GGServer:
             self._stopping = True
             self._cv.notify_all()
         self._server.stop(grace).wait()
+        self._executor.shutdown(wait=True)  # its threads end now, not at interpreter exit
         self._stopped.set()
 
     def install(self, generator: _BaseGroupGenerator) -> None:

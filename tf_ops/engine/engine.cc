@@ -158,6 +158,9 @@ Status Engine::Start(double timeout_seconds, int cache_size) {
 Status Engine::Enqueue(std::shared_ptr<Operation> op) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (mpi_gone_) {
+      return Status::Error(Code::kAborted, "MPI was finalized: Horovod shut down (an exception on a rank?)");
+    }
     if (!running_ || stop_) {
       return Status::Error(Code::kFailedPrecondition,
                            "the hetsync engine is not running: call hetsync.init() (after hvd.init()) first");
@@ -188,6 +191,14 @@ void Engine::Loop() {
         cv_.wait_for(lock, nap, [this] { return stop_ || !queue_.empty(); });
       }
       if (stop_) break;
+      // Horovod finalizes MPI on its own thread when it shuts down after an error on any rank; from then on no MPI
+      // call may be made (a later one crashed the process at exit).  MPI_Finalized may be called at any time.
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      if (finalized) {
+        mpi_gone_ = true;
+        break;
+      }
       incoming.swap(queue_);
     }
     ctx_.progressed_ = false;
@@ -246,8 +257,12 @@ void Engine::Loop() {
     std::lock_guard<std::mutex> lock(mu_);
     rest.swap(queue_);
   }
+  if (mpi_gone_) {
+    aborted = Status::Error(Code::kAborted, "MPI was finalized while this operation was pending: Horovod shut "
+                                            "down (an exception on a rank?)");
+  }
   for (auto& op : active) {
-    ctx_.Abandon(op);
+    if (!mpi_gone_) ctx_.Abandon(op);  // cancels MPI requests: not after MPI_Finalize
     op->Finish(aborted);
     op->Complete();
   }

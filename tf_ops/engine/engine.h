@@ -199,6 +199,7 @@ class Engine {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
+  bool mpi_gone_ = false;  // MPI was finalized under the progress thread (Horovod shut down after an error)
   std::deque<std::shared_ptr<Operation>> queue_;  // guarded by mu_
   EngineContext ctx_;
   EngineCounters counters_;

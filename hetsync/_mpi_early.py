@@ -1,0 +1,55 @@
+"""MPI is started by hetsync, before Horovod, in a process an MPI launcher started (``mpirun``, ``horovodrun --mpi``).
+
+Why: Horovod finalizes MPI itself when it was the one to initialize it, on its background thread, as soon as it
+shuts down -- also when an exception on another rank shuts it down, while hetsync's engine thread may be inside an
+MPI call (a segfault at exit, issue 18).  When MPI is already initialized at ``hvd.init()``, Horovod leaves the
+finalization to whoever initialized it: hetsync then finalizes at exit, after its own shutdown (the engine thread
+has stopped) and after Horovod's.  This needs ``import hetsync`` before ``hvd.init()``, as scripts do; otherwise
+Horovod keeps its usual role (and the engine's progress thread stops when it sees MPI finalized).
+``HETSYNC_EARLY_MPI=0`` turns it off.
+"""
+import atexit
+import ctypes
+import os
+
+MPI_THREAD_MULTIPLE = 3  # Open MPI's mpi.h (hetsync runs on Open MPI, docs/engine.md)
+LIBRARY = "libmpi.so.40"  # the Open MPI that Horovod was built against (scripts/install.sh)
+_STATE = {"lib": None}
+
+
+def init_before_horovod():
+    """MPI_Init_thread(MPI_THREAD_MULTIPLE) when launched by mpirun and MPI is not started yet; else nothing."""
+    if os.environ.get("HETSYNC_EARLY_MPI", "1") == "0" or "OMPI_COMM_WORLD_SIZE" not in os.environ:
+        return False
+    try:
+        lib = ctypes.CDLL(LIBRARY, mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        return False
+    started = ctypes.c_int(0)
+    lib.MPI_Initialized(ctypes.byref(started))
+    if started.value:
+        return False
+    provided = ctypes.c_int(0)
+    if lib.MPI_Init_thread(None, None, MPI_THREAD_MULTIPLE, ctypes.byref(provided)) != 0:
+        return False
+    _STATE["lib"] = lib
+    atexit.register(_finalize)  # before hvd.init() registers Horovod's shutdown: runs after it
+    return True
+
+
+def started_by_hetsync():
+    return _STATE["lib"] is not None
+
+
+def _finalize():
+    """At exit, last: MPI_Finalize -- unless an exception is ending this process (its peers may never come to the
+    finalization's synchronization; the launcher ends the job when this process exits non-zero)."""
+    from hetsync import _runtime
+
+    lib = _STATE["lib"]
+    if lib is None or _runtime._STATE["failed"]:
+        return
+    done = ctypes.c_int(0)
+    lib.MPI_Finalized(ctypes.byref(done))
+    if not done.value:
+        lib.MPI_Finalize()

@@ -1,0 +1,45 @@
+"""Exits (issue 18): a clean exit never dies of a signal, in any mode; an exception on one rank ends the job within
+the engine timeout with its traceback and no segfault; hetsync.shutdown() stops what hetsync started."""
+import threading
+import time
+
+import pytest
+from conftest import mpi_env, run_mpi
+from stress_exits import SIGNALS, run_job
+
+from hetsync import available_modes
+
+
+def test_every_mode_exits_cleanly():
+    """One short job per registered mode (2 ranks, lazy model, Horovod's callbacks): exit code 0, OK on every rank,
+    no signal.  tests/stress_exits.py runs the same for 50 jobs in a row (README "Exits")."""
+    failed = []
+    for mode in available_modes():
+        ok, seconds, text = run_job(mode, 2)
+        if not ok:
+            failed.append(f"--- {mode} ({seconds:.1f} s) ---\n{text[-2500:]}")
+    assert not failed, "\n".join(failed)
+
+
+@pytest.mark.parametrize("mode", ["ripples-smart", "od-sgd"])
+def test_an_exception_on_one_rank_ends_the_job_promptly_without_a_segfault(mode):
+    """Rank 1 raises in a callback mid-epoch while the others train on (ripples-smart: inside P-Reduce groups and the
+    Group Generator's waits; od-sgd: with the engine's non-blocking allreduce in flight after its warm-up).  With
+    HETSYNC_TIMEOUT=20 the job must end well within it: non-zero exit, rank 1's traceback shown, no process killed
+    by a signal of its own (Horovod finalizes MPI on its thread when it shuts down; the engine's progress thread
+    stops calling MPI then)."""
+    began = time.monotonic()
+    proc = run_mpi(4, "tests/mpi/exit_job.py", mode, "fail", 1, timeout=120, env=mpi_env(HETSYNC_TIMEOUT=20))
+    took = time.monotonic() - began
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    assert "RuntimeError: user bug on rank 1" in proc.stdout, proc.stdout[-3000:]
+    assert not any(s in proc.stdout for s in SIGNALS), proc.stdout[-3000:]
+    assert took < 60, f"the job took {took:.0f} s to end after the exception"
+
+
+def test_shutdown_stops_every_thread_and_server_it_started():
+    """In one process (a 1-rank Horovod job): after DistributedOptimizer in ripples-smart (Group Generator away
+    watcher, gRPC clients) and esync (State Server client), hetsync.shutdown() leaves no hetsync thread running and
+    rank 0's server stopped (tests/mpi/shutdown_threads.py)."""
+    proc = run_mpi(1, "tests/mpi/shutdown_threads.py", timeout=120)
+    assert proc.returncode == 0 and "OK rank=0" in proc.stdout, proc.stdout[-3000:]
