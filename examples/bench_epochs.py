@@ -36,19 +36,30 @@ MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
 
 
 def parse_run(run):
-    """A run is a mode name, optionally followed by its options as JSON: ``od-sgd{"local_lr": 0.0}``."""
+    """A run is a mode name, optionally followed by its options as JSON: ``od-sgd{"local_lr": 0.0}``; then
+    ``>MODE@N`` (rank 0 asks for a live switch to MODE after Keras step N) or ``+syncmode`` (a SyncMode callback
+    that never switches: its cost alone).  Returns (mode, options, extra flags for the script)."""
+    extra = []
+    if run.endswith("+syncmode"):
+        run, extra = run[:-len("+syncmode")], ["--sync-mode-callback"]
+    if ">" in run:
+        run, target = run.split(">", 1)
+        to, at = target.rsplit("@", 1)
+        extra = ["--switch-to", to, "--switch-at", at]
     at = run.find("{")
     if at < 0:
-        return run, OPTIONS.get(run, {})
-    return run[:at], json.loads(run[at:])
+        return run, OPTIONS.get(run, {}), extra
+    return run[:at], json.loads(run[at:]), extra
 
 
 def launch(workers, run, args, out_dir):
     """One job; returns (exit code, wall seconds, the tail of its output)."""
-    mode, options = parse_run(run)
+    mode, options, extra = parse_run(run)
     common = ["--sync", mode, "--sync-options", json.dumps(options), "--compute", str(args.compute),
               "--slow-rank", str(workers - 1), "--factor", str(args.factor), "--summary-dir", out_dir,
-              "--seed", str(args.seed)]
+              "--seed", str(args.seed), *extra]
+    if args.stop_at_loss is not None:
+        common += ["--stop-at-loss", str(args.stop_at_loss)]
     if args.loop:  # the same job's steps over the whole loop: STEPS x EPOCHS, each rank STEPS x EPOCHS // size
         script = [LOOP_SCRIPT, "--steps", str(args.steps * args.epochs)]
     else:
@@ -73,10 +84,13 @@ def summarize(workers, mode, out_dir):
                 "loss": runs[0]["loss"], "train_steps": [s["trained"] for s in runs], "switches": []}
     return {"workers": workers, "mode": mode, "fit_s": runs[0]["fit_time_s"], "accuracy": runs[0]["accuracy"],
             "loss": runs[0]["loss"], "train_steps": [s["iterations"] for s in runs],
-            "switches": runs[0]["switches"]}
+            "switches": runs[0]["switches"], "first_batch_s": max(s["first_batch_s"] for s in runs),
+            "target_s": runs[0]["target_reached_s"], "target_epoch": runs[0]["target_epoch"]}
 
 
 def table(rows):
+    if any(r.get("target_s") is not None or r.get("target_epoch") for r in rows):
+        return target_table(rows)
     lines = ["| workers | mode | fit time (s) | vs Horovod | test accuracy | vs Horovod (points) | train steps per rank |",
              "|---|---|---|---|---|---|---|"]
     base = {r["workers"]: r for r in rows if r["mode"] == "allreduce"}
@@ -86,6 +100,22 @@ def table(rows):
         delta = f"{100 * (r['accuracy'] - b['accuracy']):+.1f}" if b else "-"
         lines.append(f"| {r['workers']} | {r['mode']} | {r['fit_s']:.1f} | {ratio} | {r['accuracy']:.3f} | {delta} | "
                      f"{', '.join(map(str, r['train_steps']))} |")
+    return "\n".join(lines)
+
+
+def target_table(rows):
+    """--stop-at-loss: time to the target (rank 0's clock, from fit's start, at the epoch end that reached it)."""
+    lines = ["| workers | run | first batch (s) | time to target (s) | vs Horovod | epochs | switches |",
+             "|---|---|---|---|---|---|---|"]
+    base = {r["workers"]: r for r in rows if r["mode"] == "allreduce" and r.get("target_s")}
+    for r in rows:
+        b = base.get(r["workers"])
+        t = r.get("target_s")
+        ratio = f"{b['target_s'] / t:.2f}x" if b and t else "-"
+        switches = ", ".join(f"{a}->{c} at {p}" for a, c, p in r["switches"]) or "-"
+        lines.append(f"| {r['workers']} | {r['mode']} | {r['first_batch_s']:.1f} | "
+                     f"{'not reached' if t is None else f'{t:.1f}'} | {ratio} | "
+                     f"{'-' if r['target_epoch'] is None else r['target_epoch'] + 1} | {switches} |")
     return "\n".join(lines)
 
 
@@ -101,6 +131,8 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--job-timeout", type=float, default=900)
     p.add_argument("--loop", action="store_true", help="Horovod's TF2 custom loop (examples/horovod_tf2_mnist.py)")
+    p.add_argument("--stop-at-loss", type=float, default=None,
+                   help="time to target: every job stops at the first epoch end with validation loss <= this")
     p.add_argument("--out", default="results/epochs")
     args = p.parse_args(argv)
     workers = [int(w) for w in args.workers.split(",")]
@@ -120,8 +152,12 @@ def main(argv=None):
             continue
         row = summarize(n, mode, out_dir)
         rows.append(row)
+        reached = ""
+        if args.stop_at_loss is not None:
+            reached = ", target not reached" if row["target_s"] is None else f", target at {row['target_s']:.1f} s"
         print(f"[{i}/{len(cases)}] {n} workers {mode}: fit {row['fit_s']:.1f} s, accuracy {row['accuracy']:.3f}, "
-              f"train steps {row['train_steps']} (job {wall:.0f} s; ETA {eta / 60:.1f} min)", flush=True)
+              f"first batch {row['first_batch_s']:.1f} s{reached}, train steps {row['train_steps']} (job {wall:.0f} "
+              f"s; ETA {eta / 60:.1f} min)", flush=True)
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"args": vars(args), "rows": rows}, f, indent=1)
     text = table(rows)

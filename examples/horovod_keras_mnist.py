@@ -63,6 +63,11 @@ def parse():
     p.add_argument("--summary-dir", default=None, help="write summary<rank>.json here")
     p.add_argument("--target-loss", type=float, default=None, help="exit 1 unless the final test loss reaches it")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--switch-to", default=None, help='live switch: a mode, or mode{"option": value} (SyncMode)')
+    p.add_argument("--switch-at", type=int, default=0, help="rank 0 requests --switch-to after this Keras step")
+    p.add_argument("--sync-mode-callback", action="store_true", help="a SyncMode callback that never switches")
+    p.add_argument("--stop-at-loss", type=float, default=None,
+                   help="stop at the first epoch end whose validation loss is at most this (time to target)")
     return p.parse_args()
 
 
@@ -118,6 +123,48 @@ class EpochEnds(tf.keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         self.fit_s = time.monotonic() - self.t0
+
+
+class FirstBatch(tf.keras.callbacks.Callback):
+    """Seconds from fit's start to the end of its first batch on this rank (start-up cost: tracing, set-up)."""
+
+    def __init__(self):
+        super().__init__()
+        self.t0, self.seconds = None, None
+
+    def on_train_begin(self, logs=None):
+        self.t0 = time.monotonic()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.seconds is None:
+            self.seconds = time.monotonic() - self.t0
+
+
+class SwitchAt(tf.keras.callbacks.Callback):
+    """Rank 0 asks for ``mode`` (with ``options``) after its Keras step ``at``: a live switch mid-epoch."""
+
+    def __init__(self, switch, at, mode, options):
+        super().__init__()
+        self.switch, self.at, self.mode, self.options, self.steps = switch, at, mode, options, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps += 1
+        if self.steps == self.at and hvd.rank() == 0:
+            self.switch.request(self.mode, self.options)
+
+
+class StopAtLoss(tf.keras.callbacks.Callback):
+    """Time to target: stops at the first epoch end whose validation loss is <= ``target`` (the consensus model is
+    the same on every rank after the epoch end, so every rank decides alike)."""
+
+    def __init__(self, target, started):
+        super().__init__()
+        self.target, self.started, self.reached_s, self.epoch = target, started, None, None
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.reached_s is None and (logs or {}).get("val_loss", float("inf")) <= self.target:
+            self.reached_s, self.epoch = time.monotonic() - self.started.t0, epoch
+            self.model.stop_training = True
 
 
 class TimeBudget(tf.keras.callbacks.Callback):
@@ -183,6 +230,16 @@ def main():
                                                   base_time=args.base_time))
     ends = EpochEnds()
     callbacks.append(ends)
+    first = FirstBatch()
+    callbacks.append(first)
+    switch = keras_callbacks.SyncMode() if args.switch_to or args.sync_mode_callback else None
+    callbacks += [switch] if switch else []
+    if args.switch_to:
+        at = args.switch_to.find("{")
+        mode, options = (args.switch_to, {}) if at < 0 else (args.switch_to[:at], json.loads(args.switch_to[at:]))
+        callbacks.append(SwitchAt(switch, args.switch_at, mode, options))
+    target = StopAtLoss(args.stop_at_loss, ends) if args.stop_at_loss is not None else None
+    callbacks += [target] if target else []
     user = PeriodicAllreduce(args.allreduce_every) if args.allreduce_every else None
     callbacks += [user] if user else []
     budget = None
@@ -219,7 +276,8 @@ def main():
     summary = {
         "rank": rank, "sync": args.sync, "loss": float(loss), "accuracy": float(acc), "avg_loss": avg_loss,
         "epochs_run": epochs_run, "steps_per_epoch": steps, "train_time_s": train_time,
-        "fit_time_s": ends.fit_s, "epoch_end_positions": ends.positions,
+        "fit_time_s": ends.fit_s, "epoch_end_positions": ends.positions, "first_batch_s": first.seconds,
+        "target_reached_s": target.reached_s if target else None, "target_epoch": target.epoch if target else None,
         "iterations": int(model.optimizer.iterations.numpy()), "weights_checksum": checksum,
         "switches": [(h["from"], h["to"], h["position"]) for h in model.optimizer._hetsync_family.history],
         "after_checkpoint_broadcast_checksum": weights_checksum(model),

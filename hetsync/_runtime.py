@@ -67,18 +67,17 @@ def init(timeout=None, comm_cache_size=None, away_after=None):
     """
     if _STATE["initialized"]:
         return
-    hvd = _hvd()
-    _check_horovod(hvd)
-    from hetsync import ops
-
     if timeout is None:
         timeout = _from_env("HETSYNC_TIMEOUT", float, DEFAULT_TIMEOUT_S)
     if comm_cache_size is None:
         comm_cache_size = _from_env("HETSYNC_COMM_CACHE_SIZE", int, 64)
     if away_after is None:
-        away_after = _from_env("HETSYNC_AWAY_AFTER", float, ops.DEFAULT_AWAY_AFTER_S)
+        away_after = _from_env("HETSYNC_AWAY_AFTER", float, INIT_OPTIONS["away_after"].default)
     check_all("hetsync.init", INIT_OPTIONS,
               {"timeout": timeout, "comm_cache_size": comm_cache_size, "away_after": away_after})
+    hvd = _hvd()
+    _check_horovod(hvd)
+    from hetsync import ops
     ops.set_away_after(away_after)
     ops.engine_start(timeout=timeout, cache_size=comm_cache_size)
     info = ops.engine_info()

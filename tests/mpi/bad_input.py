@@ -1,0 +1,83 @@
+"""Run under mpirun -np 2: bad input that needs the other ranks to be seen (README "Bad input").
+
+    bad_input.py ranks     different sync modes on the two ranks, then an option invalid on rank 1 only: each
+                           raises the same ValueError on every rank (no rank left in a collective); then a correct
+                           DistributedOptimizer and a short fit work in the same job.  Prints OK rank=R.
+    bad_input.py absent    HETSYNC_TIMEOUT=5, sync="ripples-smart": rank 1 sits in a callback for 20 s after its
+                           first step (a hung user callback) while rank 0 trains on and asks for a switch.  Rank 0
+                           reaches the switch and raises a RuntimeError naming rank 1 within the timeout (the job
+                           then ends non-zero).
+"""
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+import horovod.tensorflow.keras as hvd  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import hetsync  # noqa: E402
+import keras_callbacks  # noqa: E402
+
+
+def expect(fragment, **kwargs):
+    try:
+        hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), **kwargs)
+    except ValueError as exc:
+        assert fragment in str(exc), f"rank {hvd.rank()}: {exc!s}"
+        return str(exc)
+    raise AssertionError(f"rank {hvd.rank()}: {kwargs} was accepted")
+
+
+def data():
+    x = np.random.default_rng(hvd.rank()).normal(size=(256, 8)).astype("float32")
+    return tf.data.Dataset.from_tensor_slices((x, x.sum(axis=1, keepdims=True))).repeat().batch(16)
+
+
+def ranks():
+    rank = hvd.rank()
+    expect("ranks [1] were given other arguments than rank 0", sync="hop" if rank == 1 else "allreduce")
+    expect("hetsync.DistributedOptimizer failed on rank(s) [1]: sync='eager-solo': option timeout='5' (str)",
+           sync="eager-solo", timeout="5" if rank == 1 else 5.0)
+    model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+    model.compile(hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.01), sync="ripples-smart"), loss="mse")
+    model.fit(data(), steps_per_epoch=5, epochs=2, verbose=0)
+    print(f"OK rank={rank}", flush=True)
+
+
+class Stuck(tf.keras.callbacks.Callback):
+    """Rank 1 sits in this callback for 20 s after its first step; rank 0 asks for esync after its second."""
+
+    def __init__(self, switch):
+        super().__init__()
+        self.switch = switch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == 1 and hvd.rank() == 0:
+            self.switch.request("esync")
+        if batch == 0 and hvd.rank() == 1:
+            time.sleep(20)
+
+
+def absent():
+    model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+    model.compile(hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.01), sync="ripples-smart"), loss="mse")
+    switch = keras_callbacks.SyncMode()
+    began = time.monotonic()
+    try:
+        model.fit(data(), steps_per_epoch=50, epochs=1, verbose=0, callbacks=[switch, Stuck(switch)])
+    finally:
+        print(f"rank {hvd.rank()}: fit ended after {time.monotonic() - began:.1f} s", flush=True)
+
+
+def main():
+    hvd.init()
+    hetsync.init()
+    {"ranks": ranks, "absent": absent}[sys.argv[1]]()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""Bad input (README "Bad input: what each gives"): every row of the README's table is checked here.
+
+The one-process rows are read from the README itself and evaluated: each must raise the ValueError whose text the
+row quotes.  The rows that need other ranks run in tests/mpi/bad_input.py (2 ranks), and their quoted text is
+checked to be the README's.
+"""
+import os
+import re
+import time
+
+import pytest
+import tensorflow as tf
+from conftest import ROOT, assert_ok, mpi_env, run_mpi
+
+import hetsync
+import keras_callbacks
+
+README = open(os.path.join(ROOT, "README.md")).read()
+SECTION = README[README.index("## Bad input"):README.index("## API")]
+ROWS = re.findall(r"^\| `((?:hetsync|keras_callbacks)\.[^|]*?)` \| `ValueError`: `([^`]+)`", SECTION, re.M)
+
+
+def test_the_table_has_its_one_process_rows():
+    assert len(ROWS) >= 12, ROWS
+
+
+@pytest.mark.parametrize("code, message", ROWS, ids=[c[:60] for c, _ in ROWS])
+def test_each_one_process_row_gives_what_the_readme_says(code, message):
+    namespace = {"hetsync": hetsync, "keras_callbacks": keras_callbacks, "tf": tf,
+                 "opt": tf.keras.optimizers.SGD(0.1)}
+    with pytest.raises(ValueError) as err:
+        eval(code, namespace)  # noqa: S307 (the README's own examples)
+    assert message in str(err.value), f"{code}: {err.value}"
+
+
+def test_rows_that_need_other_ranks_raise_on_every_rank():
+    """Different sync modes on two ranks, then an option invalid on rank 1 only: the same ValueError on both ranks
+    (no collective left hanging), and the job goes on to train (tests/mpi/bad_input.py ranks)."""
+    for quoted in ("ranks [1] were given other arguments than rank 0",
+                   "hetsync.DistributedOptimizer failed on rank(s) [1]:"):
+        assert quoted in SECTION, quoted
+    proc = run_mpi(2, "tests/mpi/bad_input.py", "ranks", timeout=180)
+    assert_ok(proc, 2)
+
+
+def test_a_rank_absent_at_a_switch_is_named_within_the_timeout():
+    """HETSYNC_TIMEOUT=5; rank 1 sits 20 s in a callback at the switch's step: rank 0 names it in a RuntimeError
+    after about 5 s (never Horovod's stall warning and an endless wait), and the job ends without a segfault."""
+    assert "rank(s) [1] did not come within 5 s" in SECTION
+    began = time.monotonic()
+    proc = run_mpi(2, "tests/mpi/bad_input.py", "absent", timeout=120, env=mpi_env(HETSYNC_TIMEOUT=5))
+    out = proc.stdout
+    assert proc.returncode != 0, out[-3000:]
+    assert "RuntimeError: hetsync: switch to 'esync' at step" in out and "rank(s) [1] did not come within 5 s" in out, \
+        out[-3000:]
+    assert "Segmentation" not in out and time.monotonic() - began < 60, out[-3000:]
