@@ -275,6 +275,7 @@ def main():
         hvd_tf.broadcast_variables(model.variables, root_rank=0)
     summary = {
         "rank": rank, "sync": args.sync, "loss": float(loss), "accuracy": float(acc), "avg_loss": avg_loss,
+        "val_loss": [float(v) for v in history.history.get("val_loss", [])],
         "epochs_run": epochs_run, "steps_per_epoch": steps, "train_time_s": train_time,
         "fit_time_s": ends.fit_s, "epoch_end_positions": ends.positions, "first_batch_s": first.seconds,
         "target_reached_s": target.reached_s if target else None, "target_epoch": target.epoch if target else None,

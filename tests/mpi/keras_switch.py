@@ -236,7 +236,7 @@ class WarmupChecks(tf.keras.callbacks.Callback):
         same_everywhere(self.model, f"od-sgd step {batch} (iterations {it})", weights=warm)
         self.in_warmup += warm
         self.after += not warm
-        if self.after >= 25:
+        if self.after >= 15:
             self.model.stop_training = True
 
 
@@ -252,7 +252,7 @@ def warmup_boundary(x, y, x_test, y_test, loss):
     model.fit(shard(x, y, rank, size, 32, 0), steps_per_epoch=200, epochs=1, verbose=0,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), switch, slow, checks])
     assert [h["to"] for h in switch.history] == ["od-sgd"], switch.history
-    assert checks.in_warmup >= 5 and checks.after >= 25, (checks.in_warmup, checks.after)
+    assert checks.in_warmup >= 5 and checks.after >= 15, (checks.in_warmup, checks.after)
     final = model.evaluate(x_test, y_test, verbose=0)[0]
     same_everywhere(model, "the end of the warm-up scenario")
     assert final < 0.6, f"warm-up scenario: loss {final:.3f}"

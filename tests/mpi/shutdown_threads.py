@@ -1,8 +1,13 @@
-"""Run under mpirun -np 1: hetsync.shutdown() stops every thread, channel and server hetsync started (issue 18).
+"""Run under mpirun -np 1: pretrace leaves the mode in force alone; hetsync.shutdown() stops every thread, channel
+and server hetsync started (issue 18).
 
-Trains a few steps in ripples-smart (its Group Generator away watcher is a thread) and switches to esync (a State
-Server client), then calls hetsync.shutdown(): no thread named hetsync-* is left, rank 0's coordinator server no
-longer answers, and a second shutdown() is a no-op.  Prints OK rank=0.
+1. sync="auto" with ripples-smart as the homogeneous candidate and ripples-random as the straggler one: after the
+   first step the candidates are pretraced (wrapped, their train steps traced) and the Group Generator still serves
+   ripples-smart's configuration (wrapping ripples-random used to install its own under the running mode).
+2. Trains in ripples-smart (its Group Generator away watcher is a thread) and switches to esync (a State Server
+   client), then calls hetsync.shutdown(): no thread named hetsync-* is left, rank 0's coordinator server no longer
+   answers, and a second shutdown() is a no-op.
+Prints OK rank=0.
 """
 import os
 import sys
@@ -25,11 +30,29 @@ def hetsync_threads():
     return sorted(t.name for t in threading.enumerate() if t.name.startswith("hetsync"))
 
 
+def pretrace_leaves_the_mode_in_force(x, y):
+    candidates = {"homogeneous": "ripples-smart", "straggler": ("ripples-random", {"group_size": 2}),
+                  "random": "eager-solo"}
+    model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+    model.compile(hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.01), sync="auto", candidates=candidates),
+                  loss="mse")
+    services = _runtime.services()
+    assert services.config[0] == "smart", services.config
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    family = model.optimizer._hetsync_family
+    traced = sorted(e.mode for e in family.entries.values() if e.train_function is not None)
+    assert {"ripples-random", "eager-solo"} <= set(traced), f"candidates not pretraced: {traced}"
+    assert family.current_entry.mode == "ripples-smart"
+    assert services.config[0] == "smart" and services.config[1]["group_size"] == 3, \
+        f"pretrace replaced the running mode's Group Generator configuration: {services.config}"
+
+
 def main():
     hvd.init()
     hetsync.init()
     x = np.random.default_rng(0).normal(size=(64, 8)).astype("float32")
     y = x.sum(axis=1, keepdims=True)
+    pretrace_leaves_the_mode_in_force(x, y)
     model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
     model.compile(hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.01), sync="ripples-smart"), loss="mse")
     switch = keras_callbacks.SyncMode(schedule={1: "esync"}, verbose=False)
