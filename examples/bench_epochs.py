@@ -60,6 +60,8 @@ def launch(workers, run, args, out_dir):
               "--seed", str(args.seed), *extra]
     if args.stop_at_loss is not None:
         common += ["--stop-at-loss", str(args.stop_at_loss)]
+    if args.lr is not None:
+        common += ["--lr", str(args.lr)]
     if args.loop:  # the same job's steps over the whole loop: STEPS x EPOCHS, each rank STEPS x EPOCHS // size
         script = [LOOP_SCRIPT, "--steps", str(args.steps * args.epochs)]
     else:
@@ -133,6 +135,7 @@ def main(argv=None):
     p.add_argument("--loop", action="store_true", help="Horovod's TF2 custom loop (examples/horovod_tf2_mnist.py)")
     p.add_argument("--stop-at-loss", type=float, default=None,
                    help="time to target: every job stops at the first epoch end with validation loss <= this")
+    p.add_argument("--lr", type=float, default=None, help="Adam learning rate per worker (default: the script's)")
     p.add_argument("--out", default="results/epochs")
     args = p.parse_args(argv)
     workers = [int(w) for w in args.workers.split(",")]
