@@ -39,7 +39,6 @@ def DistributedOptimizer(optimizer, sync="allreduce", **options):  # noqa: N802 
     from hetsync.switching import Family
     from hetsync.training import options as agreement
 
-    training.install()  # job epochs, sync points, idle ranks and the agreed stop, for every mode
     options = dict(options)
     error = None
     try:  # every check that needs no peer, on every rank, before any collective of the set-up
@@ -56,6 +55,7 @@ def DistributedOptimizer(optimizer, sync="allreduce", **options):  # noqa: N802 
         error = str(e)
     agreement.agree_or_raise("hetsync.DistributedOptimizer", error,
                              agreement.fingerprint({"sync": sync, "options": options}))
+    training.install()  # job epochs, sync points, idle ranks and the agreed stop, for every mode
     if sync != "auto":
         return Family(optimizer, hvd_kwargs, job_epochs=own["job_epochs"]).start(sync, mode_options)
     return _auto(optimizer, hvd_kwargs, auto, own["job_epochs"])
