@@ -3,15 +3,18 @@
 ``hetsync.DistributedOptimizer`` returns the optimizer of a :class:`Family`: the user's optimizer as the first
 mode wraps it, and the recipe to wrap it in any other mode.  A switch happens at a step boundary every rank agrees
 on (a schedule's epoch, or the step the Switch Board negotiated, hetsync/coordinator/switchboard.py) and is, on
-every rank at the same point (:func:`perform`):
+every rank at the same point (:func:`perform`), a consistent cut:
 
+0. the roll call (:func:`muster`), before anything changes: every rank checks the new mode (:func:`preflight`) and
+   hears everyone's result from the Switch Board; a failure anywhere refuses the switch everywhere (:func:`refuse`),
+   a rank that does not come is named after the timeout;
 1. leave the old mode: its consensus hooks (withdraw from P-Reduce and queues, leave the Group Generator, complete
-   OD-SGD's outstanding allreduce), then ``deactivate`` (e.g. eager-SGD drops stale partial-allreduce buffers); the
+   OD-SGD's outstanding allreduce), then ``drain`` (gradients it holds but has not applied -- accumulators,
+   eager-SGD's unreturned rounds and undelivered deposit -- become one local update), then ``deactivate``; the
    engine's session ends on every rank (``ops.withdraw``);
 2. one consensus round: the models are averaged with Horovod (weight 0 for a rank idle since the last sync point);
-3. the new mode: wrapped the first time it is used (its set-up collectives: the Group Generator's configuration, the
-   State Server), else taken from the family's cache with its compiled train step; ``activate`` re-installs its
-   coordinator state;
+3. the new mode: wrapped the first time it is used, else taken from the family's cache with its compiled train
+   step; ``activate`` installs its coordinator state (the Group Generator's configuration, the State Server);
 4. the user's optimizer state moves over: ``iterations``, every slot and the learning rate (a variable a Horovod
    callback may have changed) are copied into the new mode's optimizer, which becomes ``model.optimizer``; then
    every rank takes the same state (:func:`reconcile_optimizer`: the largest ``iterations``, the mean of each slot);
@@ -91,13 +94,13 @@ class Family:
 
     # -- entries ----------------------------------------------------------------------------------------------
     def validate(self, mode, options):
-        """Raises ValueError for an unknown mode or a bad option (nothing else happens: the warning about ignored
-        Horovod keywords is the wrap's to give, once)."""
+        """The mode's algorithm, not wrapped; raises ValueError for an unknown mode or a bad option (nothing else
+        happens: the warning about ignored Horovod keywords is the wrap's to give, once)."""
         import warnings
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", horovod_kwargs.HorovodKwargWarning)
-            algorithms.create(mode, **options, **self.horovod_kwargs)
+            return algorithms.create(mode, **options, **self.horovod_kwargs)
 
     def entry(self, mode, options):
         """The mode's entry, wrapped on first use (collective when the mode's wrap is: every rank calls it)."""
@@ -231,14 +234,8 @@ def preflight(family, mode, options):
     would make that may fail on some ranks only (``SyncAlgorithm.preflight``: the node layout, Hop's graph)."""
     key = key_of(mode, options)
     try:
-        if key in family.entries:
-            algorithm = family.entries[key].algorithm
-        else:
-            import warnings
-
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", horovod_kwargs.HorovodKwargWarning)
-                algorithm = algorithms.create(mode, **options, **family.horovod_kwargs)
+        entry = family.entries.get(key)
+        algorithm = entry.algorithm if entry is not None else family.validate(mode, options)
         algorithm.preflight()
     except (ValueError, RuntimeError, TypeError) as exc:
         return f"{type(exc).__name__}: {exc}"
