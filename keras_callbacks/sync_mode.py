@@ -8,7 +8,9 @@ Pass it on every rank, as Horovod's callbacks are (a rank without it would never
 ValueError naming the ranks).  The switch itself is hetsync's (hetsync/switching.py): this callback holds the
 schedule and sends requests to the Switch Board (hetsync/coordinator/switchboard.py), which picks the step at which
 every rank switches.  Rule for several requests: the first one the board receives wins; requests that arrive
-before that switch has been carried out on every rank are dropped (``request`` returns "superseded").
+before that switch has been carried out on every rank are dropped (``request`` returns "superseded").  At the
+switch's step every rank checks the new mode again (its roll call, hetsync/switching.py): if the check fails on any
+rank, the switch is refused on every rank, recorded in ``refusals``, and training goes on in the mode in force.
 """
 import sys
 
