@@ -37,17 +37,13 @@ def init_before_horovod():
     return True
 
 
-def started_by_hetsync():
-    return _STATE["lib"] is not None
-
-
 def _finalize():
     """At exit, last: MPI_Finalize -- unless an exception is ending this process (its peers may never come to the
     finalization's synchronization; the launcher ends the job when this process exits non-zero)."""
     from hetsync import _runtime
 
     lib = _STATE["lib"]
-    if lib is None or _runtime._STATE["failed"]:
+    if lib is None or _runtime.failed():
         return
     done = ctypes.c_int(0)
     lib.MPI_Finalized(ctypes.byref(done))

@@ -16,6 +16,8 @@ INIT_OPTIONS = {
     "timeout": Option(DEFAULT_TIMEOUT_S, "number", minimum=0, above=True,
                       doc="seconds any blocking wait may last before it fails naming the ranks"),
     "comm_cache_size": Option(64, "int", minimum=1, doc="communicator cache bound (Ripples §6.1)"),
+    # ops.DEFAULT_AWAY_AFTER_S's value: ops imports nothing from hetsync, and init checks its arguments before
+    # loading the engine, so the literal is repeated here (tests/test_bad_input.py runs init without Horovod)
     "away_after": Option(0.2, "number", minimum=0, above=True,
                          doc="seconds between train steps before peers go on without a rank"),
 }
@@ -147,6 +149,11 @@ def shutdown():
             services.stop(failed=failed)
     finally:
         ops.engine_shutdown(drain=not failed)
+
+
+def failed():
+    """True once an uncaught exception is ending this process (shutdown then waits for no peer)."""
+    return _STATE["failed"]
 
 
 def is_initialized():

@@ -88,27 +88,24 @@ def _auto_settings(options):
     policy = AutoPolicy(2, **policy_settings)  # checks the settings and candidates (the size does not matter)
     for mode, mode_options in policy.candidates.values():
         Family(None, {}).validate(mode, mode_options)
-    return {**own, "policy": policy_settings}
+    settings = {k: v for k, v in policy_settings.items() if k != "candidates"}
+    return {**own, "settings": settings, "candidates": policy.candidates}
 
 
-def _auto(optimizer, hvd_kwargs, settings, job_epochs):
+def _auto(optimizer, hvd_kwargs, auto, job_epochs):
+    """``auto``: :func:`_auto_settings`' result, already checked on every rank."""
     from hetsync import _runtime
-    from hetsync.coordinator.auto_policy import AutoPolicy
     from hetsync.switching import Family
 
     _runtime.require_init("sync='auto'")
     services = _runtime.services()
-    options = settings["policy"]
-    policy = AutoPolicy(services.size, **options)
-    family = Family(optimizer, hvd_kwargs, auto=dict(options), report_every=settings["report_every"],
-                    job_epochs=job_epochs)
-    for mode, mode_options in policy.candidates.values():
-        family.validate(mode, mode_options)
-    if settings["pretrace"]:
-        family.pretrace = list(policy.candidates.values())
-    if services.rank == 0:
-        settings = dict(options)
-        settings["candidates"] = {c: [m, o] for c, (m, o) in policy.candidates.items()}
-        services.switch_client().configure(settings)
-    mode, mode_options = policy.candidates["homogeneous"]
+    candidates = auto["candidates"]
+    family = Family(optimizer, hvd_kwargs, auto={**auto["settings"], "candidates": candidates},
+                    report_every=auto["report_every"], job_epochs=job_epochs)
+    if auto["pretrace"]:
+        family.pretrace = list(candidates.values())
+    if services.rank == 0:  # the Switch Board builds the policy for the job's size from the same settings
+        services.switch_client().configure(
+            {**auto["settings"], "candidates": {c: [m, o] for c, (m, o) in candidates.items()}})
+    mode, mode_options = candidates["homogeneous"]
     return family.start(mode, mode_options)

@@ -33,6 +33,13 @@ class _Accumulation:
                                                        name="hetsync_accumulated_gradient")
         build_slots(optimizer, [v for _, v in pairs])
 
+    def clear(self, sums=None):
+        """Zero passes and zero ``sums`` (default: all of them); graph code in the train step, or eagerly at a
+        switch's flush."""
+        for total in self.sums.values() if sums is None else sums:
+            total.assign(tf.zeros_like(total))
+        self.counter.assign(0)
+
 
 def build_slots(optimizer, variables):
     """Creates ``optimizer``'s iteration counter and slots for ``variables`` as its first update would, lifted out of
@@ -162,9 +169,7 @@ def wrap_post_update(optimizer, algorithm):
             base.apply_gradients(self, _exchange(self, list(zip(grads, variables))), *args, **kwargs)
             _sync(self, variables)
             with tf.name_scope(scope):
-                for total in sums:
-                    total.assign(tf.zeros_like(total))
-                state.counter.assign(0)
+                state.clear(sums)
             return tf.constant(True)
 
         applied = tf.cond(ready, update, lambda: tf.constant(False))
@@ -213,9 +218,7 @@ def _pending_accumulation(optimizer, variables):
         passes = int(getattr(algorithm, "backward_passes_per_step", 1) or 1)
         average = bool(getattr(algorithm, "average_aggregated_gradients", False))
         pairs = [(tf.identity(ours.sums[v.ref()]), v) for v in variables if v.ref() in ours.sums] if done else []
-        for total in ours.sums.values():
-            total.assign(tf.zeros_like(total))
-        ours.counter.assign(0)
+        ours.clear()
         return pairs, passes, average
     helper = getattr(optimizer, "_agg_helper", None)  # Horovod's LocalGradientAggregationHelper(Eager)
     if helper is None or not hasattr(helper, "locally_aggregated_grads"):

@@ -17,6 +17,13 @@
 namespace hetsync {
 namespace {
 
+// Outputs 0..N-1 shaped like inputs 0..N-1 (attr N); `n` receives N.
+tensorflow::Status OutputsLikeInputs(tensorflow::shape_inference::InferenceContext* c, int* n) {
+  TF_RETURN_IF_ERROR(c->GetAttr("N", n));
+  for (int i = 0; i < *n; ++i) c->set_output(i, c->input(i));
+  return tensorflow::OkStatus();
+}
+
 REGISTER_OP("HetsyncPartialAllreduce")
     .Attr("T: {float, double}")
     .Attr("N: int >= 1")
@@ -33,8 +40,7 @@ REGISTER_OP("HetsyncPartialAllreduce")
     .SetIsStateful()
     .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
       int n = 0;
-      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
-      for (int i = 0; i < n; ++i) c->set_output(i, c->input(i));
+      TF_RETURN_IF_ERROR(OutputsLikeInputs(c, &n));
       c->set_output(n, c->Vector(7));
       c->set_output(n + 1, c->Vector(c->UnknownDim()));
       return tensorflow::OkStatus();
@@ -192,9 +198,7 @@ REGISTER_OP("HetsyncPartialDrain")
     .SetIsStateful()
     .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
       int n = 0;
-      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
-      for (int i = 0; i < n; ++i) c->set_output(i, c->input(i));
-      return tensorflow::OkStatus();
+      return OutputsLikeInputs(c, &n);
     })
     .Doc("What this rank's partial allreduce `collective` holds but has not returned, shaped like `like`; then "
          "forgotten (engine/partial_op.h, PartialDrainOp).");
