@@ -101,7 +101,7 @@ CASES = [(m, "5" if m in ("ripples-static", "eager-majority") else None) for m i
                                                        for m, c in CASES])
 def test_ranks_stopping_on_their_own_clocks(mode, consensus, tmp_path):
     args = ["--sync", mode, "--slow-rank", 3, "--factor", 5, "--epochs", 4, "--steps-per-epoch", 24,
-            "--time-budget", "2,600,600,2.5", "--early-stop-rank", 1, "--uneven", "--allreduce-every", 7, "--refit",
+            "--time-budget", "1.2,600,600,1.5", "--early-stop-rank", 1, "--uneven", "--allreduce-every", 7, "--refit",
             "--summary-dir", tmp_path]
     if consensus:
         args += ["--consensus", consensus]
