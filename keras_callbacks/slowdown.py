@@ -14,6 +14,10 @@ compute would, before the step's synchronization; on a plain Horovod model, in `
 * ``imbalance`` (eager-SGD §6.2.3): every rank sleeps a delay from ``delay_range`` (seconds; n values spread evenly
   over the range), and the assignment of delays to ranks shifts by one rank after each step.
 
+A local iteration that computes a share ``work`` of one batch (sync="balanced"'s micro-batches) sleeps ``work`` x
+the delay: an emulated slower GPU is slower per sample.  (Real GPUs are not quite linear at small batches; the
+README's balanced benchmark says so.)
+
 The normal iteration time is ``base_time`` when given (benchmarks pass it so every mode sleeps the same), otherwise
 the median of this rank's first ``warmup`` batch times, measured before any sleep is injected.
 """
@@ -52,8 +56,9 @@ class _PerIteration(tf.keras.callbacks.Callback):
         if not self.per_local_iteration:
             self.on_local_iteration_end()
 
-    def on_local_iteration_begin(self):
-        pass
+    def on_local_iteration_begin(self, work=1.0):
+        """``work``: the share of one of this rank's batches the iteration computes (sync="balanced" gives a
+        rank micro-batches of other sizes: an emulated compute time scales with the samples, as a GPU's would)."""
 
     def on_local_iteration_end(self):
         pass
@@ -102,6 +107,7 @@ class Slowdown(_PerIteration):
         self._step = 0
         self._warm_times = []
         self._batch_start = None
+        self._work = 1.0
         self.slept = 0.0
         self.per_local_iteration = False  # set by hetsync's fit hook (see on_local_iteration_begin)
 
@@ -129,9 +135,10 @@ class Slowdown(_PerIteration):
             return None
         return float(np.median(self._warm_times))
 
-    def on_local_iteration_begin(self):
+    def on_local_iteration_begin(self, work=1.0):
         """Before one local iteration (see _PerIteration: inside the train step under hetsync)."""
-        delay = self.delay_for_step(self._step)
+        delay = self.delay_for_step(self._step) * work
+        self._work = work
         if delay > 0:
             _in_step()
             time.sleep(delay)
@@ -140,7 +147,7 @@ class Slowdown(_PerIteration):
 
     def on_local_iteration_end(self):
         if self.base_time is None and len(self._warm_times) < self.warmup and self._batch_start is not None:
-            self._warm_times.append(time.perf_counter() - self._batch_start)
+            self._warm_times.append((time.perf_counter() - self._batch_start) / max(self._work, 1e-6))
         self._step += 1
 
 
@@ -159,10 +166,10 @@ class EmulatedCompute(_PerIteration):
         self.seconds = seconds
         self.per_local_iteration = False  # set by hetsync's fit hook (see Slowdown.on_local_iteration_begin)
 
-    def on_local_iteration_begin(self):
+    def on_local_iteration_begin(self, work=1.0):
         if self.seconds:
             _in_step()
-            time.sleep(self.seconds)
+            time.sleep(self.seconds * work)
 
 
 class PhasedSlowdown(_PerIteration):
@@ -209,11 +216,11 @@ class PhasedSlowdown(_PerIteration):
 
         return self.phases[self.phase_at(training.position())][1]
 
-    def on_local_iteration_begin(self):
+    def on_local_iteration_begin(self, work=1.0):
         self._active = self._current()
         if self._active is not None:
             before = self._active.slept
-            self._active.on_local_iteration_begin()
+            self._active.on_local_iteration_begin(work)
             self.slept += self._active.slept - before
 
     def on_local_iteration_end(self):

@@ -5,7 +5,7 @@ Each method is one module that registers itself with ``@register``; importing th
 import importlib
 
 _REGISTRY = {}
-_MODULES = ["allreduce", "ripples_static", "ripples_gg", "eager", "hop", "esync", "od_sgd"]
+_MODULES = ["allreduce", "ripples_static", "ripples_gg", "eager", "hop", "esync", "od_sgd", "balanced"]
 
 
 def register(cls):

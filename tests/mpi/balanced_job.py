@@ -1,0 +1,126 @@
+"""Run under mpirun -np 4: sync="balanced" (issue 19), three properties through one job.
+
+1. **The update is synchronous SGD on the union batch.**  Linear regression (a lazily built Dense unit, MSE, plain
+   SGD), each rank's data a known stream (its own arrays, batch 8, repeated, not shuffled).  Whatever the shares
+   were, replaying the job in numpy -- update u takes the next n_r(u) samples of every rank's stream, from the
+   plans the mode recorded, and steps w -= lr * mean gradient over their union -- gives the model every rank ended
+   with.  A per-rank average of means (Horovod's rule with unequal shares), a skipped or doubled sample at a cut
+   batch, or a lost micro-batch would not.
+2. **Shares follow speed.**  Rank 3 is 5x slower for the first 30 Keras steps, then rank 0 is (PhasedSlowdown):
+   the plan in force before the change gives rank 3 the smallest share, and the plan in force within
+   ``replan_every + window`` updates of the change gives rank 0 the smallest.
+3. **A rank that stops hands its share over at once.**  A second fit, in which rank 1 sets ``stop_training`` at its
+   batch 5: from the next update it computes nothing and the others' shares add up to the whole global batch; the
+   fit ends on every rank with one model.
+
+Prints OK rank=R.
+"""
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+import horovod.tensorflow as hvd_tf  # noqa: E402
+import horovod.tensorflow.keras as hvd  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import hetsync  # noqa: E402
+import keras_callbacks  # noqa: E402
+
+LR, BATCH, DIM, STEPS, EPOCHS, CHANGE_AT = 0.05, 8, 4, 20, 3, 30
+OPTIONS = {"replan_every": 4, "window": 2}
+
+
+def rank_data(rank):
+    rng = np.random.default_rng(100 + rank)
+    x = rng.normal(size=(40, DIM)).astype(np.float32)
+    y = (x @ np.arange(1, DIM + 1, dtype=np.float32) + 0.1 * rng.normal(size=40)).astype(np.float32)[:, None]
+    return x, y
+
+
+def plan_at(history, update):
+    """Samples per rank in update ``update`` (0-based): the first update is Horovod's split (one batch each)."""
+    chosen = None
+    for start, plan in history:
+        if start <= update:
+            chosen = plan
+    return chosen
+
+
+def replay(history, updates, size):
+    """numpy: synchronous SGD on the union of the samples each rank computed in each update."""
+    streams = [rank_data(r) for r in range(size)]
+    offsets = [0] * size
+    w = np.zeros((DIM, 1), np.float64)
+    for u in range(updates):
+        plan = plan_at(history, u) or [BATCH] * size
+        xs, ys = [], []
+        for r, n in enumerate(plan):
+            x, y = streams[r]
+            idx = [(offsets[r] + i) % len(x) for i in range(n)]
+            offsets[r] += n
+            xs.append(x[idx])
+            ys.append(y[idx])
+        x, y = np.concatenate(xs).astype(np.float64), np.concatenate(ys).astype(np.float64)
+        w -= LR * 2.0 / len(x) * x.T @ (x @ w - y)
+    return w
+
+
+class StopOn(tf.keras.callbacks.Callback):
+    def __init__(self, rank, batch):
+        super().__init__()
+        self.rank, self.batch = rank, batch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if hvd.rank() == self.rank and batch == self.batch:
+            self.model.stop_training = True
+
+
+def main():
+    hvd.init()
+    hetsync.init()
+    rank, size = hvd.rank(), hvd.size()
+    x, y = rank_data(rank)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).repeat()
+    model = tf.keras.Sequential([tf.keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")])
+    opt = hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(LR), sync="balanced", **OPTIONS)
+    model.compile(opt, loss="mse")
+    slow = keras_callbacks.PhasedSlowdown([
+        (CHANGE_AT, keras_callbacks.Slowdown("deterministic", ranks=[3], factor=5, base_time=0.01)),
+        (1000, keras_callbacks.Slowdown("deterministic", ranks=[0], factor=5, base_time=0.01))])
+    model.fit(data, steps_per_epoch=STEPS, epochs=EPOCHS, verbose=0, callbacks=[slow])
+    algorithm = model.optimizer._hetsync_algorithm
+    history, updates = list(algorithm.history), algorithm.updates
+    assert updates == STEPS * EPOCHS, updates
+    everyone = hvd_tf.allgather_object(history)
+    assert all(h == everyone[0] for h in everyone), f"ranks planned differently: {everyone}"
+
+    # 1. the union-batch replay
+    w = model.get_weights()[0].astype(np.float64)
+    expected = replay(history, updates, size)
+    assert np.allclose(w, expected, rtol=1e-4, atol=1e-5), f"w = {w.ravel()}, replay {expected.ravel()}"
+    assert len({tuple(p) for _, p in history}) >= 3, f"the shares never moved: {history}"
+
+    # 2. shares follow speed
+    before = plan_at(history, CHANGE_AT - 2)
+    after = plan_at(history, CHANGE_AT + OPTIONS["replan_every"] + OPTIONS["window"] + 1)
+    assert before[3] < min(before[:3]), f"rank 3 (5x slower) did not get the smallest share: {before}"
+    assert after[0] < min(after[1:]), f"rank 0 (5x slower from step {CHANGE_AT}) did not: {after} ({history})"
+    assert all(sum(p) == size * BATCH for _, p in history), history
+
+    # 3. a rank that stops hands its share over
+    mark = len(algorithm.history)
+    model.fit(data, steps_per_epoch=STEPS, epochs=1, verbose=0, callbacks=[slow, StopOn(1, 5)])
+    later = algorithm.history[mark:]
+    handed = [p for _, p in later if p[1] == 0]
+    assert handed and all(sum(p) == size * BATCH for p in handed), f"rank 1's share was not handed over: {later}"
+    weights = hvd_tf.allgather_object([v.tolist() for v in model.get_weights()])
+    assert all(v == weights[0] for v in weights), "ranks ended with different models"
+    print(f"rank {rank}: {updates} updates, plans {history}; after rank 1 stopped: {handed[0]}", flush=True)
+    print(f"OK rank={rank}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
