@@ -25,8 +25,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SCRIPT = os.path.join(HERE, "horovod_keras_mnist.py")
 LOOP_SCRIPT = os.path.join(HERE, "horovod_tf2_mnist.py")  # --loop: Horovod's TF2 custom loop
-MODES = ["allreduce", "ripples-smart", "ripples-random", "ripples-static", "eager-solo", "eager-majority", "hop",
-         "esync", "od-sgd", "auto"]
+MODES = ["allreduce", "balanced", "ripples-smart", "ripples-random", "ripples-static", "eager-solo", "eager-majority",
+         "hop", "esync", "od-sgd", "auto"]
 # Each mode with the options its own benchmark found best for one deterministic straggler (README per mode).
 OPTIONS = {"hop": {"max_ig": 12, "backup_workers": 1, "skip": 10, "skip_trigger": 2}}
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
@@ -56,8 +56,12 @@ def launch(workers, run, args, out_dir):
     """One job; returns (exit code, wall seconds, the tail of its output)."""
     mode, options, extra = parse_run(run)
     common = ["--sync", mode, "--sync-options", json.dumps(options), "--compute", str(args.compute),
-              "--slow-rank", str(workers - 1), "--factor", str(args.factor), "--summary-dir", out_dir,
-              "--seed", str(args.seed), *extra]
+              "--summary-dir", out_dir, "--seed", str(args.seed), *extra]
+    if args.speeds:  # rank r runs at speeds[r % len]: its slowdown factor is the fastest speed over its own
+        speeds = [float(v) for v in args.speeds.split(":")]
+        common += ["--factors", ",".join(f"{max(speeds) / speeds[r % len(speeds)]:.4f}" for r in range(workers))]
+    else:
+        common += ["--slow-rank", str(workers - 1), "--factor", str(args.factor)]
     if args.stop_at_loss is not None:
         common += ["--stop-at-loss", str(args.stop_at_loss)]
     if args.lr is not None:
@@ -87,7 +91,8 @@ def summarize(workers, mode, out_dir):
     return {"workers": workers, "mode": mode, "fit_s": runs[0]["fit_time_s"], "accuracy": runs[0]["accuracy"],
             "loss": runs[0]["loss"], "train_steps": [s["iterations"] for s in runs],
             "switches": runs[0]["switches"], "first_batch_s": max(s["first_batch_s"] for s in runs),
-            "target_s": runs[0]["target_reached_s"], "target_epoch": runs[0]["target_epoch"]}
+            "target_s": runs[0]["target_reached_s"], "target_epoch": runs[0]["target_epoch"],
+            "shares": runs[0].get("algorithm", {}).get("shares")}
 
 
 def table(rows):
@@ -107,17 +112,19 @@ def table(rows):
 
 def target_table(rows):
     """--stop-at-loss: time to the target (rank 0's clock, from fit's start, at the epoch end that reached it)."""
-    lines = ["| workers | run | first batch (s) | time to target (s) | vs Horovod | epochs | switches |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| workers | run | first batch (s) | time to target (s) | vs Horovod | epochs | test accuracy | "
+             "vs Horovod (points) | switches |", "|---|---|---|---|---|---|---|---|---|"]
     base = {r["workers"]: r for r in rows if r["mode"] == "allreduce" and r.get("target_s")}
     for r in rows:
         b = base.get(r["workers"])
         t = r.get("target_s")
         ratio = f"{b['target_s'] / t:.2f}x" if b and t else "-"
         switches = ", ".join(f"{a}->{c} at {p}" for a, c, p in r["switches"]) or "-"
+        delta = f"{100 * (r['accuracy'] - b['accuracy']):+.1f}" if b else "-"
         lines.append(f"| {r['workers']} | {r['mode']} | {r['first_batch_s']:.1f} | "
                      f"{'not reached' if t is None else f'{t:.1f}'} | {ratio} | "
-                     f"{'-' if r['target_epoch'] is None else r['target_epoch'] + 1} | {switches} |")
+                     f"{'-' if r['target_epoch'] is None else r['target_epoch'] + 1} | {r['accuracy']:.3f} | {delta} | "
+                     f"{switches} |")
     return "\n".join(lines)
 
 
@@ -130,6 +137,8 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=160, help="the job's steps per epoch: each rank gets STEPS // size")
     p.add_argument("--compute", type=float, default=0.05, help="emulated compute seconds per train step")
     p.add_argument("--factor", type=float, default=5.0, help="the last rank is this many times slower")
+    p.add_argument("--speeds", default=None,
+                   help="relative worker speeds, e.g. 1:2:3:5 (rank r gets speeds[r %% len]); else --factor")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--job-timeout", type=float, default=900)
     p.add_argument("--loop", action="store_true", help="Horovod's TF2 custom loop (examples/horovod_tf2_mnist.py)")
@@ -159,7 +168,8 @@ def main(argv=None):
         if args.stop_at_loss is not None:
             reached = ", target not reached" if row["target_s"] is None else f", target at {row['target_s']:.1f} s"
         print(f"[{i}/{len(cases)}] {n} workers {mode}: fit {row['fit_s']:.1f} s, accuracy {row['accuracy']:.3f}, "
-              f"first batch {row['first_batch_s']:.1f} s{reached}, train steps {row['train_steps']} (job {wall:.0f} "
+              f"first batch {row['first_batch_s']:.1f} s{reached}, train steps {row['train_steps']}"
+              f"{'' if row.get('shares') is None else ', shares ' + str(row['shares'])} (job {wall:.0f} "
               f"s; ETA {eta / 60:.1f} min)", flush=True)
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"args": vars(args), "rows": rows}, f, indent=1)

@@ -52,6 +52,8 @@ def parse():
     p.add_argument("--compute", type=float, default=0.0, help="emulated compute seconds per step, every rank")
     p.add_argument("--slow-rank", type=int, default=None)
     p.add_argument("--factor", type=float, default=5.0)
+    p.add_argument("--factors", default=None,
+                   help="comma list, one slowdown factor per rank (instead of --slow-rank/--factor)")
     p.add_argument("--base-time", type=float, default=0.01, help="normal step time the slowdown multiplies")
     p.add_argument("--allreduce-every", type=int, default=0)
     p.add_argument("--time-budget", default=None, help="comma-separated seconds per rank")
@@ -225,7 +227,10 @@ def main():
     ]
     if args.compute:
         callbacks.append(keras_callbacks.EmulatedCompute(args.compute))
-    if args.slow_rank is not None:
+    if args.factors:
+        callbacks.append(keras_callbacks.Slowdown("deterministic", factors=[float(f) for f in args.factors.split(",")],
+                                                  base_time=args.base_time))
+    elif args.slow_rank is not None:
         callbacks.append(keras_callbacks.Slowdown("deterministic", ranks=[args.slow_rank], factor=args.factor,
                                                   base_time=args.base_time))
     ends = EpochEnds()

@@ -54,12 +54,17 @@ def plot(records, t0, switches, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True)
+    shares = any("share" in r.get("metrics", {}) for recs in records.values() for r in recs)
+    fig, axes = plt.subplots(3 if shares else 2, 1, figsize=(10, 9 if shares else 6.5), sharex=True)
     for rank, recs in sorted(records.items()):
         rates = [r for r in recs if r["kind"] == "rate" and r["steps"] > 0 and r["interval_s"] >= 0.1]
         t = [r["time"] - t0 for r in rates]
         axes[0].plot(t, [r["rate"] for r in rates], label=f"rank {rank}", lw=1.2)
         axes[1].plot(t, [r["compute_rate"] for r in rates], lw=1.2)
+        if shares:  # sync="balanced": each worker's share of the global batch (1 = Horovod's even split)
+            points = [(r["time"] - t0, r["metrics"]["share"]) for r in recs
+                      if r["kind"] == "rate" and "share" in r.get("metrics", {})]
+            axes[2].step([p[0] for p in points], [p[1] for p in points], where="post", lw=1.2)
     for ax in axes:
         for s in switches:
             ax.axvline(s["time"] - t0, color="k", ls="--", lw=0.8)
@@ -68,7 +73,9 @@ def plot(records, t0, switches, path):
         axes[0].text(s["time"] - t0, top, f" {s['to']}", rotation=90, va="top", fontsize=8)
     axes[0].set_ylabel("step rate (iterations / s)")
     axes[1].set_ylabel("compute rate (iterations / s of compute)")
-    axes[1].set_xlabel("time since start (s)")
+    if shares:
+        axes[2].set_ylabel("balanced: share (1 = Horovod's)")
+    axes[-1].set_xlabel("time since start (s)")
     axes[0].legend(fontsize=7, ncol=4, loc="lower left")
     axes[0].set_title("hetsync heterogeneity report: per-worker rates; dashed lines: sync mode switches")
     fig.tight_layout()

@@ -85,6 +85,9 @@ def test_horovod_example_with_a_slow_rank_and_user_collectives(mode, tmp_path):
         assert epochs * 40 * 4 - 8 <= sum(steps) <= epochs * (40 * 4 + 4 * 16), steps
     if mode in DECOUPLED:  # the slow rank 3 took fewer train steps than every fast rank
         assert all(steps[3] < s for s in steps[:3]), steps
+    if mode == "balanced":  # synchronous: the same updates everywhere; the slow rank computes the smallest share
+        shares = runs[0]["algorithm"]["shares"]
+        assert len(set(steps)) == 1 and shares[3] < 0.5 < min(shares[:3]), (steps, shares)
     if mode == "auto":
         assert runs[0]["switches"] and runs[0]["switches"][0][:2] == ["allreduce", "esync"], runs[0]["switches"]
     else:
@@ -113,7 +116,7 @@ def test_ranks_stopping_on_their_own_clocks(mode, consensus, tmp_path):
     assert runs[0]["epochs_run"] == 4, runs[0]["epochs_run"]
     assert len({json.dumps(s["epoch_end_positions"]) for s in runs}) == 1, [s["epoch_end_positions"] for s in runs]
     steps = [s["iterations"] for s in runs]
-    if algorithms._REGISTRY[mode].STEPPING == "lockstep":
+    if algorithms._REGISTRY[mode].STEPPING == "lockstep" or mode == "balanced":
         # synchronous: every rank steps through every Keras step of the longest shard (idle ones with a zero
         # gradient, Horovod's join semantics), so every rank applied the same updates
         assert len(set(steps)) == 1, steps

@@ -103,6 +103,7 @@ class Balanced(SyncAlgorithm):
         self.history = []                # (update, plan) each time the plan changed
         self.rates = []                  # this rank's throughput (samples / compute s) of its recent updates
         self.updates = 0
+        self._settled = self._warm = False  # a plan from measured speeds is in force; an update has run
         self._job_steps, self._round = 0, []
         self._micro_fn = self._update_fn = None
         self._sums = []                  # (variable, accumulator) in model order
@@ -133,19 +134,21 @@ class Balanced(SyncAlgorithm):
                          "sync='esync' (whose fast workers take more whole batches) in the loop")
 
     # -- the accumulation (graph code, inside the user's train_step) ---------------------------------------------
-    def _ensure_sums(self, optimizer):
+    def _ensure_sums(self, optimizer, grads_and_vars):
         """Accumulators for every trainable variable of the model (the same list on every rank, whatever this
         rank's gradients were), lifted out of any tf.function; the optimizer's slots built likewise."""
         if self._sums:
             return
-        variables = list(self.model.trainable_variables)
+        # the model's (sync="auto"'s pretrace traces Keras' step before the model is attached: the gradients' then)
+        variables = (list(self.model.trainable_variables) if self.model is not None
+                     else [v for g, v in grads_and_vars if g is not None])
         with tf.init_scope():
             self._sums = [(v, tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
                                           name="hetsync_balanced_sum")) for v in variables]
         build_slots(optimizer, variables)
 
     def _accumulate(self, optimizer, grads_and_vars):
-        self._ensure_sums(optimizer)
+        self._ensure_sums(optimizer, grads_and_vars)
         where = {v.ref(): s for v, s in self._sums}
         n = self._micro_n.read_value()
         with tf.name_scope(self.scope_name or "DistributedBalanced"):
@@ -168,8 +171,7 @@ class Balanced(SyncAlgorithm):
     # -- one Keras step = one update ----------------------------------------------------------------------------
     def run_step(self, train_function, iterator):
         """This rank's micro-batches, then the update; returns Keras' logs after the last micro-batch."""
-        if self._micro_fn is None:
-            self._micro_fn = tf.function(self._micro_step, reduce_retracing=True)
+        self._build_micro(iterator)
         need = self._share()
         logs, computed, seconds, iterations = None, 0, 0.0, []
         pieces = itertools.chain.from_iterable(
@@ -185,8 +187,9 @@ class Balanced(SyncAlgorithm):
             took = time.monotonic() - began
             computed, seconds = computed + n, seconds + took
             iterations.append((took, n))
-        if computed:
+        if computed and self._warm:  # (the first update of a mode traces its functions: not a speed)
             self.rates = (self.rates + [computed / max(seconds, 1e-6)])[-int(self.options["window"]):]
+        self._warm = True
         self._round = iterations
         self._finish(active=computed > 0)
         return logs if logs is not None else self._metric_logs()
@@ -195,8 +198,7 @@ class Balanced(SyncAlgorithm):
         """A stopped rank computes nothing but joins the update's allreduces with nothing, so the others' complete
         (a model not built yet is built by one micro-batch first, its gradient dropped)."""
         if not self._sums:
-            if self._micro_fn is None:
-                self._micro_fn = tf.function(self._micro_step, reduce_retracing=True)
+            self._build_micro(iterator)
             for data, _ in self.feed.micro_batches(iterator, 1):
                 self._micro_fn(data)
             for _, total in self._sums:
@@ -205,6 +207,19 @@ class Balanced(SyncAlgorithm):
         self._round = []
         self._finish(active=False)
         return self._metric_logs()
+
+    def _build_micro(self, iterator):
+        """The micro-batch step, traced once for any batch size (the dataset's element spec with the batch
+        dimension left open, as Keras traces its own step), so a new share never retraces it."""
+        if self._micro_fn is not None:
+            return
+        spec = getattr(iterator, "element_spec", None)
+        if spec is None:
+            self._micro_fn = tf.function(self._micro_step, reduce_retracing=True)
+            return
+        open_batch = tf.nest.map_structure(
+            lambda s: tf.TensorSpec([None] + list(s.shape[1:]), s.dtype) if isinstance(s, tf.TensorSpec) else s, spec)
+        self._micro_fn = tf.function(self._micro_step, input_signature=[open_batch])
 
     def _share(self):
         if self.plan is None:  # Horovod's split until every rank's batch size is known (the first update)
@@ -217,7 +232,7 @@ class Balanced(SyncAlgorithm):
             self._update_fn = tf.function(self._update)
         batch = float(self.feed.batch or 0) * self.backward_passes_per_step
         rate = statistics.median(self.rates) if self.rates and active else 0.0
-        mine = tf.constant([rate, 1.0 if active else 0.0, batch], tf.float64)
+        mine = tf.constant([rate, 1.0 if active else 0.0, batch], tf.float32)
         summed = self._update_fn(mine).numpy()
         self.model._train_counter.assign_add(1)
         self.updates += 1
@@ -236,7 +251,12 @@ class Balanced(SyncAlgorithm):
             self.active = active
             self.history.append((self.updates, list(self.plan)))
             return
-        if active != self.active or self.updates % int(self.options["replan_every"]) == 0:
+        # Until a plan from every rank's measured speed is in force, every update plans (so the job leaves
+        # Horovod's split after its second update); then every replan_every updates, or at once when a rank
+        # stops or comes back.
+        due = not self._settled or active != self.active or self.updates % int(self.options["replan_every"]) == 0
+        if due:
+            measured = all(r > 0 for r, a in zip(rates, active) if a)
             new = balanced_plan.plan([max(b, 1.0) for b in self.batches], rates, active, self.plan,
                                      self.options["min_share"], self.options["max_share"],
                                      self.options["hysteresis"])
@@ -246,25 +266,29 @@ class Balanced(SyncAlgorithm):
                 self.plan = new
                 self.history.append((self.updates, list(new)))
             self.active = active
+            self._settled = self._settled or measured
 
     def _update(self, mine):
-        """Graph: the plan's allreduce, the union-batch gradient's allreduce and one optimizer update."""
+        """Graph: the plan's numbers and the union-batch gradient in one grouped Horovod allreduce (two when the
+        gradient is compressed: its sums are divided by the update's samples first, so fp16 sees a mean), then one
+        optimizer update."""
         import horovod.tensorflow as hvd
 
-        size = self.size
-        slot = tf.one_hot(self.rank, size, dtype=tf.float64)
-        meta = tf.concat([tf.reshape(self._samples.read_value(), [1]), slot * mine[0], slot * mine[1],
-                          slot * mine[2]], 0)
-        summed = hvd.allreduce(meta, op=hvd.Sum, name=f"{self.scope}.plan")
-        total = summed[0]
+        slot = tf.one_hot(self.rank, self.size, dtype=tf.float32)
+        meta = tf.concat([tf.reshape(tf.cast(self._samples.read_value(), tf.float32), [1]), slot * mine[0],
+                          slot * mine[1], slot * mine[2]], 0)
         shared = [(v, s) for v, s in self._sums if v.ref() not in self.local_vars]
         local = [(v, s) for v, s in self._sums if v.ref() in self.local_vars]
-        if shared:
-            divided = [s.read_value() / tf.cast(tf.maximum(total, 1.0), s.dtype) for _, s in shared]
-            reduced = hvd.grouped_allreduce(divided, op=hvd.Sum, compression=self.compression,
-                                            name=f"{self.scope}.gradients")
+        sums = [s.read_value() for _, s in shared]
+        if sums and self.compression is not hvd.Compression.none:
+            summed = hvd.allreduce(meta, op=hvd.Sum, name=f"{self.scope}.plan")
+            total = tf.maximum(summed[0], 1.0)
+            reduced = hvd.grouped_allreduce([t / tf.cast(total, t.dtype) for t in sums], op=hvd.Sum,
+                                            compression=self.compression, name=f"{self.scope}.gradients")
         else:
-            reduced = []
+            out = hvd.grouped_allreduce([meta] + sums, op=hvd.Sum, name=f"{self.scope}.update")
+            summed, total = out[0], tf.maximum(out[0][0], 1.0)
+            reduced = [t / tf.cast(total, t.dtype) for t in out[1:]]
         grads = [r * tf.cast(self.factor, r.dtype) for r in reduced]
         own = tf.maximum(self._samples.read_value(), 1.0)
         grads += [s.read_value() / tf.cast(own, s.dtype) for _, s in local]
@@ -274,7 +298,7 @@ class Balanced(SyncAlgorithm):
             apply_locally(self.optimizer, list(zip(grads, variables)))
             return tf.constant(True)
 
-        applied = tf.cond(total > 0, update, lambda: tf.constant(False))
+        applied = tf.cond(summed[0] > 0, update, lambda: tf.constant(False))
         with tf.control_dependencies([applied]):
             for _, s in self._sums:
                 s.assign(tf.zeros_like(s))
@@ -308,12 +332,17 @@ class Balanced(SyncAlgorithm):
     def activate(self):
         """Entered (first use, or a switch back): Horovod's split again until the next plan."""
         self.plan, self.active, self.rates = None, None, []
+        self._settled = self._warm = False
         self.feed.reset()
 
     def pretrace(self, model):
-        """The update (its allreduces need the model's variables): traced before a switch needs it."""
-        if self._sums and self._update_fn is None:
-            self._update_fn = tf.function(self._update)
+        """The update, traced before a switch needs it (Keras' step, traced just before, made the accumulators;
+        the micro-batch step is traced at the first update, once: it needs the data's spec)."""
+        self.model = model
+        if self._sums:
+            if self._update_fn is None:
+                self._update_fn = tf.function(self._update)
+            self._update_fn.get_concrete_function(tf.TensorSpec([3], tf.float32))
 
     def shares(self):
         """Each rank's samples per update over its Horovod share (1.0 = Horovod's split), as planned now."""
@@ -322,8 +351,12 @@ class Balanced(SyncAlgorithm):
         return [p / b if b > 0 else 0.0 for p, b in zip(self.plan, self.batches)]
 
     def metrics(self):
-        return {"updates": self.updates, "plans": len(self.history), "shares": [round(s, 3) for s in self.shares()],
-                "samples_per_update": list(self.plan or [])}
+        """For the heterogeneity report and TensorBoard (``share``: this rank's samples per update over its Horovod
+        share, a scalar per rank) and benchmarks (``shares``: every rank's, as planned now)."""
+        shares = self.shares()
+        rank = getattr(self, "rank", 0)
+        return {"updates": self.updates, "plans": len(self.history), "share": round(shares[rank], 4),
+                "samples_per_update": (self.plan or [0] * (rank + 1))[rank], "shares": [round(x, 3) for x in shares]}
 
     def _metric_logs(self):
         return {m.name: m.result() for m in self.model.metrics}

@@ -13,6 +13,7 @@
    batch 5: from the next update it computes nothing and the others' shares add up to the whole global batch; the
    fit ends on every rank with one model.
 
+Each rank's share over time goes to the heterogeneity report in ``argv[1]`` (the pytest side reads it).
 Prints OK rank=R.
 """
 import os
@@ -88,9 +89,10 @@ def main():
     opt = hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(LR), sync="balanced", **OPTIONS)
     model.compile(opt, loss="mse")
     slow = keras_callbacks.PhasedSlowdown([
-        (CHANGE_AT, keras_callbacks.Slowdown("deterministic", ranks=[3], factor=5, base_time=0.01)),
-        (1000, keras_callbacks.Slowdown("deterministic", ranks=[0], factor=5, base_time=0.01))])
-    model.fit(data, steps_per_epoch=STEPS, epochs=EPOCHS, verbose=0, callbacks=[slow])
+        (CHANGE_AT, keras_callbacks.Slowdown("deterministic", ranks=[3], factor=5, base_time=0.02)),
+        (1000, keras_callbacks.Slowdown("deterministic", ranks=[0], factor=5, base_time=0.02))])
+    report = keras_callbacks.HeterogeneityReport(sys.argv[1], every_s=0.1)  # each rank's share over time
+    model.fit(data, steps_per_epoch=STEPS, epochs=EPOCHS, verbose=0, callbacks=[slow, report])
     algorithm = model.optimizer._hetsync_algorithm
     history, updates = list(algorithm.history), algorithm.updates
     assert updates == STEPS * EPOCHS, updates
