@@ -66,6 +66,8 @@ def launch(workers, run, args, out_dir):
         common += ["--stop-at-loss", str(args.stop_at_loss)]
     if args.lr is not None:
         common += ["--lr", str(args.lr)]
+    if args.data != "shard":
+        common += ["--data", args.data]
     if args.loop:  # the same job's steps over the whole loop: STEPS x EPOCHS, each rank STEPS x EPOCHS // size
         script = [LOOP_SCRIPT, "--steps", str(args.steps * args.epochs)]
     else:
@@ -139,6 +141,9 @@ def main(argv=None):
     p.add_argument("--factor", type=float, default=5.0, help="the last rank is this many times slower")
     p.add_argument("--speeds", default=None,
                    help="relative worker speeds, e.g. 1:2:3:5 (rank r gets speeds[r %% len]); else --factor")
+    p.add_argument("--data", choices=("shard", "full"), default="shard",
+                   help="shard: rank r trains on x[r::size]; full: each rank on all of it, its own shuffle (as "
+                        "Horovod's own Keras example)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--job-timeout", type=float, default=900)
     p.add_argument("--loop", action="store_true", help="Horovod's TF2 custom loop (examples/horovod_tf2_mnist.py)")

@@ -47,6 +47,9 @@ def parse():
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--steps-per-epoch", type=int, default=40)
     p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--data", choices=("shard", "full"), default="shard",
+                   help="shard: rank r trains on x[r::size]; full: every rank on the whole training set, shuffled "
+                        "with its own seed (Horovod's tensorflow2_keras_mnist.py)")
     p.add_argument("--lr", type=float, default=0.002, help="Adam learning rate per worker (scaled by size)")
     p.add_argument("--warmup-epochs", type=float, default=1)
     p.add_argument("--compute", type=float, default=0.0, help="emulated compute seconds per step, every rank")
@@ -206,7 +209,8 @@ def main():
 
     x, y, xt, yt = digits_images(args.seed)
     steps = args.steps_per_epoch - (3 * rank if args.uneven else 0)  # uneven shards: shorter epochs on high ranks
-    dataset = (tf.data.Dataset.from_tensor_slices((x[rank::size], y[rank::size]))
+    mine = slice(None) if args.data == "full" else slice(rank, None, size)
+    dataset = (tf.data.Dataset.from_tensor_slices((x[mine], y[mine]))
                .repeat().shuffle(1000, seed=args.seed + rank).batch(args.batch_size))
     model = build_model()
 

@@ -41,6 +41,7 @@ import time
 import tensorflow as tf
 
 from hetsync.algorithms import balanced_plan, horovod_kwargs, register
+from hetsync.algorithms._synchronous import loss_scale_parts
 from hetsync.algorithms._wrap import apply_locally, build_slots, rebuild_from_config
 from hetsync.algorithms.base import SyncAlgorithm
 from hetsync.algorithms.options import Option
@@ -63,6 +64,10 @@ class Balanced(SyncAlgorithm):
         "window": Option(3, "int", minimum=1, doc="updates whose median throughput a plan uses"),
     }
     HOROVOD_APPLIED = horovod_kwargs.APPLIED_BY_WRAPPER | {"op"}
+    NO_CUSTOM_LOOPS = ("sync='balanced' gives each worker a share of the global batch that follows its speed by "
+                       "cutting its batches into micro-batches: that needs Model.fit, where hetsync runs the train "
+                       "step.  A custom loop's step takes the user's batch whole: train with Model.fit, or use "
+                       "sync='esync' (its fast workers take more whole batches) in the loop")
     HOROVOD_REASONS = {
         "device_dense": "it places Horovod's gradient allreduce ops on a device; sync={mode!r} allreduces the "
                         "accumulated gradients from host memory",
@@ -87,9 +92,9 @@ class Balanced(SyncAlgorithm):
     def wrap(self, optimizer):
         import horovod.tensorflow as hvd
 
-        if hasattr(optimizer, "inner_optimizer"):
-            raise ValueError("sync='balanced' does not take a LossScaleOptimizer (mixed precision) yet: use "
-                             "sync='allreduce' for mixed precision")
+        # mixed precision: the loss scaling stays around our optimizer, so it unscales (and skips a micro-batch
+        # whose gradients overflowed: neither its gradient nor its samples are counted) before we accumulate
+        optimizer, loss_scaled = loss_scale_parts(optimizer)
         self.rank, self.size = hvd.rank(), hvd.size()
         self.scope = f"hetsync.balanced.{next(_WRAPS)}"
         passes = self.backward_passes_per_step
@@ -120,7 +125,7 @@ class Balanced(SyncAlgorithm):
         rebuild_from_config(cls, base, self)
         wrapped._hetsync_algorithm = self
         self.optimizer = wrapped
-        return wrapped
+        return loss_scaled(wrapped)
 
     def attach(self, model, local_hooks):
         """hetsync/training/, at each fit's start: the model and the callbacks that act per micro-batch."""
@@ -128,10 +133,7 @@ class Balanced(SyncAlgorithm):
         self.local_hooks = list(local_hooks)
 
     def begin_loop(self, model):
-        raise ValueError("sync='balanced' gives each worker a share of the global batch that follows its speed, "
-                         "cutting its batches into micro-batches: that needs Model.fit, where hetsync runs the "
-                         "train step.  A custom loop's step takes the user's batch whole; use Model.fit, or "
-                         "sync='esync' (whose fast workers take more whole batches) in the loop")
+        raise ValueError(self.NO_CUSTOM_LOOPS)
 
     # -- the accumulation (graph code, inside the user's train_step) ---------------------------------------------
     def _ensure_sums(self, optimizer, grads_and_vars):

@@ -38,6 +38,9 @@ class SyncAlgorithm:
     # (one train step per rank per Keras step, synchronous).
     STEPPING = "own"
     consensus_every = None  # batches between mid-epoch model averages (None: epoch ends only)
+    # Why the mode cannot run in a custom loop (hetsync.job_steps), or None: it can.  job_steps raises it as a
+    # ValueError on every rank before any collective.
+    NO_CUSTOM_LOOPS = None
     HOROVOD_APPLIED = horovod_kwargs.APPLIED_BY_WRAPPER
     HOROVOD_PASSTHROUGH = False
     HOROVOD_REASONS = {}  # overrides of horovod_kwargs.REASONS (the warning's "why") for this mode

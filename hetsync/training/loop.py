@@ -57,6 +57,8 @@ class JobSteps:
         if self.algorithm is None:
             raise ValueError("hetsync.job_steps needs the optimizer hetsync.DistributedOptimizer returned, got "
                              f"{type(optimizer).__name__}")
+        if self.algorithm.NO_CUSTOM_LOOPS:  # the same mode on every rank: every rank raises, before any collective
+            raise ValueError(self.algorithm.NO_CUSTOM_LOOPS)
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
             raise ValueError(f"steps must be a positive int (this rank's steps: Horovod's N // size), got {steps!r}")
         self.model, self.optimizer, self.data = model, optimizer, data

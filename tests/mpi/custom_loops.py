@@ -94,6 +94,17 @@ def main():
     x, y = data()
     everything = algorithms.available_modes()  # (loads the registry)
     modes = sys.argv[1].split(",") if len(sys.argv) > 1 else everything
+    # a mode that needs Model.fit (balanced cuts batches into micro-batches) says so on every rank, at once
+    for mode in [m for m in modes if algorithms._REGISTRY[m].NO_CUSTOM_LOOPS]:
+        model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+        try:
+            hetsync.job_steps(tf.data.Dataset.from_tensor_slices((x, y)).batch(8), 5, model,
+                              hetsync.DistributedOptimizer(tf.optimizers.SGD(0.1), sync=mode))
+        except ValueError as exc:
+            assert "needs Model.fit" in str(exc), exc
+        else:
+            raise AssertionError(f"job_steps accepted sync={mode!r}")
+    modes = [m for m in modes if not algorithms._REGISTRY[m].NO_CUSTOM_LOOPS]
     owns = [30 - 3 * r for r in range(size)]
     own = owns[rank]
     results = {}
