@@ -218,8 +218,9 @@ def pretrace(sync_points, iterator):
         model.optimizer = entry.optimizer
         try:
             entry.train_function = model.make_train_function(force=True)
-            entry.train_function.get_concrete_function(iterator)
-            entry.algorithm.pretrace(model)
+            if entry.algorithm.KERAS_TRAIN_STEP:
+                entry.train_function.get_concrete_function(iterator)
+            entry.algorithm.pretrace(model, iterator)
         finally:
             model.optimizer, model.train_function = optimizer, train_function
         traced.append(mode)

@@ -47,6 +47,7 @@ from hetsync.algorithms.base import SyncAlgorithm
 from hetsync.algorithms.options import Option
 
 log = logging.getLogger("hetsync.balanced")
+FIELDS = 3  # per rank in the update's allreduce: throughput (samples / s of compute), trains, batch size
 _WRAPS = itertools.count()
 
 
@@ -62,8 +63,11 @@ class Balanced(SyncAlgorithm):
                             doc="most samples per update, as a multiple of the rank's Horovod share"),
         "hysteresis": Option(0.1, "number", minimum=0, doc="a plan is adopted when a share moves by more than this"),
         "window": Option(3, "int", minimum=1, doc="updates whose median throughput a plan uses"),
+        "micro_batch": Option(None, "int", minimum=1, none=True,
+                              doc="most samples per micro-batch (None: the rank's batch size: memory never grows)"),
     }
     HOROVOD_APPLIED = horovod_kwargs.APPLIED_BY_WRAPPER | {"op"}
+    KERAS_TRAIN_STEP = False
     NO_CUSTOM_LOOPS = ("sync='balanced' gives each worker a share of the global batch that follows its speed by "
                        "cutting its batches into micro-batches: that needs Model.fit, where hetsync runs the train "
                        "step.  A custom loop's step takes the user's batch whole: train with Model.fit, or use "
@@ -101,7 +105,7 @@ class Balanced(SyncAlgorithm):
         factor = 1.0 if self.average_aggregated_gradients else float(passes)
         self.factor = factor * (self.size if self.horovod_kwargs.get("op") is hvd.Sum else 1.0)
         self.local_hooks, self.model = [], None
-        self.feed = _Feed()
+        self.feed = _Feed(self.options["micro_batch"])
         self.plan = None                 # samples per update of every rank (None: Horovod's split, one batch each)
         self.batches = None              # every rank's Horovod share (batch size x passes), from the first update
         self.active = None
@@ -167,7 +171,7 @@ class Balanced(SyncAlgorithm):
         return tf.identity(optimizer.iterations)
 
     def _micro_step(self, data):
-        self._micro_n.assign(tf.cast(tf.shape(_first(data))[0], tf.float32))
+        self._micro_n.assign(_samples(data))
         return self.model.train_step(data)
 
     # -- one Keras step = one update ----------------------------------------------------------------------------
@@ -242,11 +246,13 @@ class Balanced(SyncAlgorithm):
 
     def _replan(self, summed):
         size = self.size
-        total, rates = float(summed[0]), [float(x) for x in summed[1:1 + size]]
-        active = [x > 0 for x in summed[1 + size:1 + 2 * size]]
-        batches = [float(x) for x in summed[1 + 2 * size:1 + 3 * size]]
+        total = float(summed[0])
+        rates, active, batches = ([float(x) for x in summed[1 + j * size:1 + (j + 1) * size]] for j in range(FIELDS))
+        active = [x > 0 for x in active]
         self.batches = [b if b > 0 else old for b, old in zip(batches, self.batches or [0.0] * size)]
-        known = sum(self.batches)
+        # the job's batches in this update (Horovod's batches: with backward_passes_per_step = N an update is N of
+        # each rank's, so an epoch of the job holds 1/N as many updates as Keras steps, the rest are skipped)
+        known = sum(self.batches) / self.backward_passes_per_step
         self._job_steps = int(round(total * size / known)) if known > 0 else 0
         if self.plan is None:
             self.plan = [int(b) if a else 0 for b, a in zip(self.batches, active)]
@@ -276,9 +282,9 @@ class Balanced(SyncAlgorithm):
         optimizer update."""
         import horovod.tensorflow as hvd
 
-        slot = tf.one_hot(self.rank, self.size, dtype=tf.float32)
-        meta = tf.concat([tf.reshape(tf.cast(self._samples.read_value(), tf.float32), [1]), slot * mine[0],
-                          slot * mine[1], slot * mine[2]], 0)
+        slot = tf.one_hot(self.rank, self.size, dtype=tf.float32)  # field j of rank r at 1 + j * size + r
+        meta = tf.concat([tf.reshape(tf.cast(self._samples.read_value(), tf.float32), [1]),
+                          tf.reshape(mine[:, None] * slot[None, :], [-1])], 0)
         shared = [(v, s) for v, s in self._sums if v.ref() not in self.local_vars]
         local = [(v, s) for v, s in self._sums if v.ref() in self.local_vars]
         sums = [s.read_value() for _, s in shared]
@@ -310,8 +316,8 @@ class Balanced(SyncAlgorithm):
 
     # -- hooks of the training layer and of switches -------------------------------------------------------------
     def last_job_steps(self):
-        """Batches of the job in the last update (its samples over the mean Horovod share): job epochs count
-        them, so an epoch is the job's samples whichever ranks computed them."""
+        """Batches of the job in the last update (its samples over the mean batch size): job epochs count them,
+        so an epoch is the job's samples whichever ranks computed them, as many as Horovod's epoch."""
         return self._job_steps
 
     def last_round_timing(self):
@@ -337,14 +343,17 @@ class Balanced(SyncAlgorithm):
         self._settled = self._warm = False
         self.feed.reset()
 
-    def pretrace(self, model):
-        """The update, traced before a switch needs it (Keras' step, traced just before, made the accumulators;
-        the micro-batch step is traced at the first update, once: it needs the data's spec)."""
+    def pretrace(self, model, iterator):
+        """The micro-batch step (for the data's spec, any batch size; its trace makes the accumulators) and the
+        update, traced before a switch into the mode needs them."""
         self.model = model
-        if self._sums:
-            if self._update_fn is None:
-                self._update_fn = tf.function(self._update)
-            self._update_fn.get_concrete_function(tf.TensorSpec([3], tf.float32))
+        self._build_micro(iterator)
+        if self._micro_fn.input_signature is None:
+            return  # (data without an element spec: traced at the first update)
+        self._micro_fn.get_concrete_function()
+        if self._update_fn is None:  # (captures the accumulators: only once the micro-batch step made them)
+            self._update_fn = tf.function(self._update)
+        self._update_fn.get_concrete_function(tf.TensorSpec([FIELDS], tf.float32))
 
     def shares(self):
         """Each rank's samples per update over its Horovod share (1.0 = Horovod's split), as planned now."""
@@ -368,6 +377,14 @@ def _first(data):
     return [t for t in tf.nest.flatten(data) if t is not None][0]
 
 
+@tf.autograph.experimental.do_not_convert
+def _samples(data):
+    """Graph: the micro-batch's samples (its first tensor's batch dimension).  Not converted by AutoGraph: seen
+    converted to another function of this module once (under sync="auto"'s pretrace), and there is nothing to
+    convert."""
+    return tf.cast(tf.shape(_first(data))[0], tf.float32)
+
+
 def _size(data):
     return int(_first(data).shape[0])
 
@@ -384,10 +401,10 @@ def _join(parts):
 
 class _Feed:
     """This rank's samples: its batches from Keras' iterator, cut and joined into micro-batches of at most its
-    batch size.  The rest of a cut batch is the start of the next update's samples, so no sample is skipped."""
+    batch size (or ``cap`` samples).  The rest of a cut batch is the start of the next update's samples, so no sample is skipped."""
 
-    def __init__(self):
-        self.rest, self.batch = None, None
+    def __init__(self, cap=None):
+        self.rest, self.batch, self.cap = None, None, cap
 
     def reset(self):
         self.rest = None
@@ -412,7 +429,7 @@ class _Feed:
         while given < need:
             parts, got = [], 0
             while True:
-                limit = min(need - given, self.batch) if self.batch else need - given
+                limit = min(need - given, self.cap or self.batch) if self.batch else need - given
                 if got >= limit:
                     break
                 if self.rest is None:

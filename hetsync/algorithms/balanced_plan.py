@@ -7,7 +7,9 @@ The global batch is Horovod's: ``sum_r B_r`` samples per update (``B_r`` = rank 
 ``backward_passes_per_step``).  Rank r's share is proportional to its measured throughput (samples per second of
 compute at its current share), within ``[min_share, max_share]`` x ``B_r`` and at least one sample.  Throughput at
 the current share, not a per-sample cost, so a fixed per-step overhead is balanced too: the plan's fixed point is the
-one where every rank's compute time per update is the same.  A new plan is adopted only when some rank's share moves
+one where every rank's compute time per update is the same.  (A rank whose share fell to a few samples, its time
+mostly that overhead, looks slower than it is: when it speeds up again its share grows by a factor per plan, not at
+once.)  A new plan is adopted only when some rank's share moves
 by more than ``hysteresis`` (relative), or when the set of ranks that train changed (a rank stopped).
 """
 import math

@@ -41,6 +41,7 @@ class SyncAlgorithm:
     # Why the mode cannot run in a custom loop (hetsync.job_steps), or None: it can.  job_steps raises it as a
     # ValueError on every rank before any collective.
     NO_CUSTOM_LOOPS = None
+    KERAS_TRAIN_STEP = True  # the mode runs Keras' compiled train function (balanced runs its own micro-batch step)
     HOROVOD_APPLIED = horovod_kwargs.APPLIED_BY_WRAPPER
     HOROVOD_PASSTHROUGH = False
     HOROVOD_REASONS = {}  # overrides of horovod_kwargs.REASONS (the warning's "why") for this mode
@@ -155,10 +156,10 @@ class SyncAlgorithm:
     def deactivate(self):
         """A live switch leaves this mode (after ``on_consensus_begin``): drop state that must not outlive it."""
 
-    def pretrace(self, model):
+    def pretrace(self, model, iterator):
         """sync="auto", before this mode is ever used (switching.pretrace): trace the mode's own tf.functions for
-        ``model`` (not the Keras step, which the caller traces), so the first switch into it does not stall on
-        tracing.  Default: nothing."""
+        ``model`` and the data of ``iterator`` (not the Keras step, which the caller traces when
+        ``KERAS_TRAIN_STEP``), so the first switch into it does not stall on tracing.  Default: nothing."""
 
     def mark_compute_done(self, tensors):
         """Graph code: records when this step's gradients were ready (``tf.timestamp``), so the step's compute time

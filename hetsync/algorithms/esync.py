@@ -294,7 +294,7 @@ class ESync(SyncAlgorithm):
             for w, v in zip(self._globals, self._trainable):
                 w.assign(v)
 
-    def pretrace(self, model):
+    def pretrace(self, model, iterator):
         """The aggregation (a fit's first round, and every later one), traced before a switch needs it."""
         self._build(model)
         for start in (True, False):
