@@ -331,7 +331,8 @@ def partial_allreduce(tensors, mode="solo", name="partial_allreduce", seed=0, ti
         never came); None: the engine default.
       compression: None / 'fp16' / ``hvd.Compression.fp16``: float32 data travels and is summed as float16 (the
         send buffer, where stale gradients accumulate, stays float32).
-      late: "latest" (the paper): a call returns one round, its sum divided by its contributors (ADS average);
+      late: "latest": a call returns one round, its sum divided by its contributors (ADS average; eager-SGD's
+        Algorithm 5, ``late="algorithm5"`` in hetsync/algorithms/eager.py, scales it by NAP / P);
         "accumulate": a call returns every round since this rank's previous call, each round's sum divided by the
         world size -- every rank then applies every contribution exactly once, weight 1/P.
 

@@ -40,6 +40,15 @@ def test_ripples_smart_group_generator_keeps_fast_ranks_going():
     assert_ok(proc, 4)
 
 
+def test_eager_algorithm5_applies_a_round_at_one_over_p():
+    """eager-SGD §5 Algorithm 5 line 6 (``late="algorithm5"``): one-hot gradients, plain SGD with lr 1, solo with a
+    slow rank: every step's update times P is whole, and a round of one contribution applies 1/P per gradient;
+    under ``late="latest"`` (averaged over the contributors) such a round applies 1 -- shown in the same job
+    (tests/mpi/eager_algorithm5.py)."""
+    proc = run_mpi(4, "tests/mpi/eager_algorithm5.py", timeout=240)
+    assert_ok(proc, 4)
+
+
 @pytest.mark.parametrize("mode", ["eager-solo", "eager-majority"])
 def test_eager_sgd_reaches_target_with_random_slowdown(mode, tmp_path):
     """eager-SGD end to end in Keras: every rank is 4x slower at random steps (p = 1/4, Hop §7.3.1 protocol);

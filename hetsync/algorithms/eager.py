@@ -15,8 +15,11 @@ What a step applies (option ``late``):
     8 processes on a shared machine the fast ranks arrive milliseconds apart, solo splits them into several rounds
     per step, and a rank that only saw the latest one lost the others' gradients (hyperplane: final loss 0.80
     against allreduce's 0.011 after 150 steps, README).
-  - "latest" (the paper, §5 and §5.1): the latest round's result only, averaged over its contributors (ADS: "a
-    correct average of a subset of the proposed updates"); rounds a rank missed are lost to its model.
+  - "latest": the latest round's result only, averaged over its contributors (ADS: "a correct average of a subset
+    of the proposed updates", §5.1); rounds a rank missed are lost to its model.
+  - "algorithm5" (the paper's rule exactly, §5 Algorithm 5 line 6: G <- 1/P * partial_allreduce(G_local)): the
+    latest round's sum divided by the world size P, passive ranks counting as null contributions.  Under solo,
+    where a round often holds one rank's gradient, that gradient is applied at 1/P of "latest"'s weight.
 Models may still drift (Adam's nonlinear update, "latest"); the staleness bound τ of §5.1 is kept by full-model
 averages with Horovod: at every epoch end (every hetsync mode does this, hetsync/training/) and every
 ``model_sync_every`` batches within an epoch.
@@ -25,7 +28,7 @@ Options:
   model_sync_every: batches between mid-epoch model averages (default 200; None: epoch ends only).  A
     ``keras_callbacks.Consensus`` callback, if the user adds one, overrides it.
   seed: majority's shared seed for the initiator sequence (ops.majority_initiator).  Default 0.
-  late: "accumulate" (default) or "latest", above.
+  late: "accumulate" (default), "latest" or "algorithm5", above.
   timeout: seconds before a round that cannot run fails (a rank's engine gone; majority: its designated rank never
     came and is not away).  Default: hetsync.init's.
 Horovod kwargs: as every mode (base.py); ``compression=hvd.Compression.fp16`` sends float32 gradients as float16.
@@ -52,8 +55,9 @@ class EagerSGD(SyncAlgorithm):
                                    doc="batches between model averages (None: epoch ends only)"),
         "seed": Option(0, "int", minimum=0, doc="seed of the initiator choice (solo)"),
         "timeout": TIMEOUT,
-        "late": Option("accumulate", choices=("accumulate", "latest"),
-                       doc="a late gradient: added to the next round, or only the newest kept"),
+        "late": Option("accumulate", choices=("accumulate", "latest", "algorithm5"),
+                       doc="what a step applies: every round since the last (1/P each), the newest round over its "
+                           "contributors, or the newest round times 1/P (Algorithm 5 line 6)"),
     }
     HOROVOD_REASONS = {
         "device_dense": "it places Horovod's gradient allreduce ops on a device; sync={mode!r} exchanges gradients "
@@ -81,7 +85,10 @@ class EagerSGD(SyncAlgorithm):
         from hetsync import _runtime
 
         _runtime.require_init(f"sync={self.name!r}")
+        import horovod.tensorflow as hvd
+
         self.collective = f"eager-{next(_WRAPS)}"
+        self._size = hvd.size()
         self._exchanged = {}  # wire dtype name -> the variables its partial allreduce carries, in order
         with tf.init_scope():
             self._calls = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetsync_eager_calls")
@@ -123,13 +130,17 @@ class EagerSGD(SyncAlgorithm):
         for wire in sorted(groups, key=lambda d: d.name):  # the same order on every rank
             idx = groups[wire]
             self._exchanged[wire.name] = [variables[i] for i in idx]  # what a switch drains (at trace time)
+            late = self.options["late"]
             with tf.control_dependencies(previous):
                 res = ops.partial_allreduce([tf.cast(grads[i], wire) for i in idx], mode=self.MODE,
                                             name=f"{self.collective}.{wire.name}", seed=self.options["seed"],
                                             timeout=self.options["timeout"], compression=self.compression,
-                                            late=self.options["late"])
+                                            late="latest" if late == "algorithm5" else late)
+            # Algorithm 5, line 6: G <- 1/P * partial_allreduce(G_local) (passive ranks add nothing): the engine's
+            # latest round is averaged over its NAP contributors, so it is scaled by NAP / P
+            scale = tf.cast(res.nap, wire) / float(self._size) if late == "algorithm5" else None
             for i, t in zip(idx, res.tensors):
-                out[i] = tf.cast(t, grads[i].dtype)
+                out[i] = tf.cast(t if scale is None else t * scale, grads[i].dtype)
             previous = list(res.tensors)
         self._count(res)
         return out

@@ -1,0 +1,78 @@
+"""Run under mpirun -np 4: eager-SGD's ``late="algorithm5"`` is Algorithm 5 line 6, G <- 1/P * partial_allreduce.
+
+Rank r's gradient is e_r at every step (one Dense unit without bias on one-hot inputs, the loss its output), plain
+SGD with learning rate 1, so the update a step applies is G = -(the step's change of the weights), and coordinate
+r of a round's sum is k_r, the number of rank r's gradients the round carried.  Under Algorithm 5 every step's
+G is a round's sum over P: G x P is a vector of whole numbers, and a round that carried a single contribution
+(NAP = 1, solo with rank 3 three times slower) gives 0 < sum(G) < 1 unless that contribution held P or more
+gradients.  Under ``late="latest"`` (the round averaged over its NAP contributors) a NAP = 1 round applies k >= 1:
+the same job shows it, so the assertion would fail under the other reading.  Prints OK rank=R.
+"""
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+import horovod.tensorflow.keras as hvd  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import hetsync  # noqa: E402
+import keras_callbacks  # noqa: E402
+
+STEPS = 30
+
+
+class Deltas(tf.keras.callbacks.Callback):
+    """G of every step (lr = 1) and the NAP of the round it applied."""
+
+    def __init__(self):
+        super().__init__()
+        self.steps, self.before = [], None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        built = self.model.built and self.model.get_weights()  # (built lazily at the first step: zeros before)
+        self.before = built[0][:, 0].copy() if built else np.zeros(hvd.size(), np.float32)
+
+    def on_train_batch_end(self, batch, logs=None):
+        after = self.model.get_weights()[0][:, 0]
+        nap = int(self.model.optimizer._hetsync_algorithm._last_nap.numpy())
+        self.steps.append((self.before - after, nap))
+
+
+def run(late):
+    rank, size = hvd.rank(), hvd.size()
+    x = np.zeros((64, size), np.float32)
+    x[:, rank] = 1.0
+    data = tf.data.Dataset.from_tensor_slices((x, np.zeros((64, 1), np.float32))).repeat().batch(4)
+    model = tf.keras.Sequential([tf.keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")])
+    opt = hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(1.0), sync="eager-solo", late=late,
+                                       model_sync_every=None, job_epochs=False)
+    model.compile(opt, loss=lambda y, p: tf.reduce_mean(p))
+    deltas = Deltas()
+    slow = keras_callbacks.Slowdown("deterministic", ranks=[3], factor=3, base_time=0.01)
+    model.fit(data, steps_per_epoch=STEPS, epochs=1, verbose=0, callbacks=[slow, deltas])
+    return deltas.steps
+
+
+def main():
+    hvd.init()
+    hetsync.init()
+    rank, size = hvd.rank(), hvd.size()
+    paper = run("algorithm5")
+    for g, nap in paper:
+        assert np.allclose(g * size, np.round(g * size), atol=1e-4), f"G x P not whole: {g} (NAP {nap})"
+    alone = [g.sum() for g, nap in paper if nap == 1 and g.sum() > 0]
+    assert alone, f"no round with a single contribution reached rank {rank}: {[n for _, n in paper]}"
+    assert min(alone) < 1.0 - 1e-4, f"NAP = 1 rounds applied {alone}: not 1/P per gradient"
+    ours = run("latest")
+    alone_ours = [g.sum() for g, nap in ours if nap == 1 and g.sum() > 0]
+    assert all(a >= 1.0 - 1e-4 for a in alone_ours), alone_ours  # the NAP average: a lone gradient at weight 1
+    print(f"rank {rank}: algorithm5 NAP=1 rounds applied {sorted(set(np.round(alone, 3)))}, latest "
+          f"{sorted(set(np.round(alone_ours, 3)))}", flush=True)
+    print(f"OK rank={rank}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
