@@ -86,8 +86,10 @@ def test_horovod_example_with_a_slow_rank_and_user_collectives(mode, tmp_path):
     if mode in DECOUPLED:  # the slow rank 3 took fewer train steps than every fast rank
         assert all(steps[3] < s for s in steps[:3]), steps
     if mode == "balanced":  # synchronous: the same updates everywhere; the slow rank computes the smallest share
+        # (how the fast ranks split the rest is not checked: here their step is mostly per-step overhead, no
+        # per-sample compute is emulated, so their throughputs hardly depend on their shares -- README, balanced)
         shares = runs[0]["algorithm"]["shares"]
-        assert len(set(steps)) == 1 and shares[3] < 0.5 < min(shares[:3]), (steps, shares)
+        assert len(set(steps)) == 1 and shares[3] < min(shares[:3]), (steps, shares)
     if mode == "auto":
         assert runs[0]["switches"] and runs[0]["switches"][0][:2] == ["allreduce", "esync"], runs[0]["switches"]
     else:

@@ -40,12 +40,13 @@ def test_ripples_smart_group_generator_keeps_fast_ranks_going():
     assert_ok(proc, 4)
 
 
-def test_eager_algorithm5_applies_a_round_at_one_over_p():
+def test_eager_algorithm5_weights_and_model_sync_every():
     """eager-SGD §5 Algorithm 5 line 6 (``late="algorithm5"``): one-hot gradients, plain SGD with lr 1, solo with a
     slow rank: every step's update times P is whole, and a round of one contribution applies 1/P per gradient;
-    under ``late="latest"`` (averaged over the contributors) such a round applies 1 -- shown in the same job
-    (tests/mpi/eager_algorithm5.py)."""
-    proc = run_mpi(4, "tests/mpi/eager_algorithm5.py", timeout=240)
+    under ``late="latest"`` (averaged over the contributors) such a round applies 1 -- shown in the same job.
+    ``model_sync_every=5`` with Adam: every rank holds the same model right after batches 5, 10, ..., and not at
+    every batch between (tests/mpi/eager_fidelity.py)."""
+    proc = run_mpi(4, "tests/mpi/eager_fidelity.py", timeout=240)
     assert_ok(proc, 4)
 
 

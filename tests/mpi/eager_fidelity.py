@@ -1,4 +1,6 @@
-"""Run under mpirun -np 4: eager-SGD's ``late="algorithm5"`` is Algorithm 5 line 6, G <- 1/P * partial_allreduce.
+"""Run under mpirun -np 4: eager-SGD's paper rules (issue 20), one job.
+
+1. ``late="algorithm5"`` is Algorithm 5 line 6, G <- 1/P * partial_allreduce.
 
 Rank r's gradient is e_r at every step (one Dense unit without bias on one-hot inputs, the loss its output), plain
 SGD with learning rate 1, so the update a step applies is G = -(the step's change of the weights), and coordinate
@@ -6,7 +8,12 @@ r of a round's sum is k_r, the number of rank r's gradients the round carried.  
 G is a round's sum over P: G x P is a vector of whole numbers, and a round that carried a single contribution
 (NAP = 1, solo with rank 3 three times slower) gives 0 < sum(G) < 1 unless that contribution held P or more
 gradients.  Under ``late="latest"`` (the round averaged over its NAP contributors) a NAP = 1 round applies k >= 1:
-the same job shows it, so the assertion would fail under the other reading.  Prints OK rank=R.
+the same job shows it, so the assertion would fail under the other reading.
+
+2. ``model_sync_every=k`` (§5.1's bounded model divergence): with Adam and a slow rank the models drift apart
+   between model averages, and after every k-th batch every rank holds the same model -- at those batches only.
+
+Prints OK rank=R.
 """
 import os
 import sys
@@ -56,6 +63,38 @@ def run(late):
     return deltas.steps
 
 
+class Checksums(tf.keras.callbacks.Callback):
+    """This rank's weights after every batch (after hetsync's mid-epoch average, which runs first)."""
+
+    def __init__(self):
+        super().__init__()
+        self.sums = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.sums.append(float(sum(np.abs(w).sum() + w.sum() * 1e3 for w in self.model.get_weights())))
+
+
+def model_sync(every):
+    """Per batch, whether every rank held the same model after it (eager-solo, Adam, rank 3 slower)."""
+    import horovod.tensorflow as hvd_tf
+
+    rank = hvd.rank()
+    rng = np.random.default_rng(rank)
+    x = rng.normal(size=(256, 8)).astype(np.float32)
+    y = (x.sum(axis=1, keepdims=True) + rng.normal(size=(256, 1))).astype(np.float32)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(16)
+    tf.keras.utils.set_random_seed(11)  # one initial model everywhere
+    model = tf.keras.Sequential([tf.keras.layers.Dense(4, activation="relu"), tf.keras.layers.Dense(1)])
+    opt = hetsync.DistributedOptimizer(tf.keras.optimizers.Adam(0.01), sync="eager-solo", model_sync_every=every,
+                                       job_epochs=False)
+    model.compile(opt, loss="mse")
+    sums = Checksums()
+    slow = keras_callbacks.Slowdown("deterministic", ranks=[3], factor=3, base_time=0.01)
+    model.fit(data, steps_per_epoch=STEPS, epochs=1, verbose=0, callbacks=[slow, sums])
+    everyone = hvd_tf.allgather_object(sums.sums)
+    return [len({round(r[b], 3) for r in everyone}) == 1 for b in range(STEPS)]
+
+
 def main():
     hvd.init()
     hetsync.init()
@@ -69,6 +108,12 @@ def main():
     ours = run("latest")
     alone_ours = [g.sum() for g, nap in ours if nap == 1 and g.sum() > 0]
     assert all(a >= 1.0 - 1e-4 for a in alone_ours), alone_ours  # the NAP average: a lone gradient at weight 1
+    # 2. model_sync_every: equal models after batches k, 2k, ... and (Adam drifts) not at the batches between
+    every = 5
+    equal = model_sync(every)
+    synced = [b for b in range(STEPS - 1) if (b + 1) % every == 0]  # (the last batch: the epoch end averages too)
+    assert all(equal[b] for b in synced), f"models differ right after a model average: {equal}"
+    assert not all(equal[b] for b in range(STEPS) if (b + 1) % every != 0), f"the models never drifted: {equal}"
     print(f"rank {rank}: algorithm5 NAP=1 rounds applied {sorted(set(np.round(alone, 3)))}, latest "
           f"{sorted(set(np.round(alone_ours, 3)))}", flush=True)
     print(f"OK rank={rank}", flush=True)
