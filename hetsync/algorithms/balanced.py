@@ -198,7 +198,7 @@ class Balanced(SyncAlgorithm):
         self._warm = True
         self._round = iterations
         self._finish(active=computed > 0)
-        return logs if logs is not None else self._metric_logs()
+        return logs  # (None, when nothing was computed: the training layer reports Keras' metrics as they stand)
 
     def idle_step(self, train_function, iterator):
         """A stopped rank computes nothing but joins the update's allreduces with nothing, so the others' complete
@@ -212,7 +212,7 @@ class Balanced(SyncAlgorithm):
             self._samples.assign(0.0)
         self._round = []
         self._finish(active=False)
-        return self._metric_logs()
+        return None  # the training layer reports Keras' metrics as they stand (RankState.metric_logs)
 
     def _build_micro(self, iterator):
         """The micro-batch step, traced once for any batch size (the dataset's element spec with the batch
@@ -368,9 +368,6 @@ class Balanced(SyncAlgorithm):
         rank = getattr(self, "rank", 0)
         return {"updates": self.updates, "plans": len(self.history), "share": round(shares[rank], 4),
                 "samples_per_update": (self.plan or [0] * (rank + 1))[rank], "shares": [round(x, 3) for x in shares]}
-
-    def _metric_logs(self):
-        return {m.name: m.result() for m in self.model.metrics}
 
 
 def _first(data):
