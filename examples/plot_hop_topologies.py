@@ -2,8 +2,8 @@
 
     python examples/plot_hop_topologies.py [--out docs/hop_topologies.png]
 
-Workers sit on a circle; node colours are the emulated machines (3 + 3 + 2) of the node-allreduce-ring graphs;
-each title gives the spectral gap of W (eq. 1 with self-loops).
+Workers sit on a circle; node colours are the machines of Fig 21 (4 + 2 + 2) of the node-allreduce-ring graphs;
+each title gives the spectral gap under the paper's W (A / degree, §7.3.6) and under eq. (1)'s (self-loops).
 """
 import argparse
 import os
@@ -15,10 +15,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from hetsync.algorithms import hop_topology as topo  # noqa: E402
 
-MACHINES = [3, 3, 2]
-GRAPHS = [("ring", {}), ("ring-based", {}), ("double-ring", {}),
-          ("node-allreduce-ring", {"node_size": MACHINES}),
-          ("node-allreduce-ring", {"node_size": MACHINES, "node_links": "all"})]
+MACHINES = [4, 2, 2]
+GRAPHS = [("ring", {}), ("ring-based", {}), ("double-ring", {})] + [
+    ("node-allreduce-ring", {"node_size": MACHINES, "node_links": links}) for links in ("gateway", "distinct", "all")]
 
 
 def main(argv=None):
@@ -44,8 +43,9 @@ def main(argv=None):
         ax.scatter(*xy.T, s=260, c=[f"C{c}" if "node" in name else "C0" for c in colour], zorder=2)
         for i, (x, y) in enumerate(xy):
             ax.text(x, y, str(i), ha="center", va="center", color="white", fontsize=9, zorder=3)
-        links = f" ({kw['node_links']} links)" if "node_links" in kw else (" (1 link)" if "node" in name else "")
-        ax.set_title(f"{name}{links}\nspectral gap {topo.spectral_gap(in_lists):.3f}", fontsize=9)
+        links = f"\nnode_links={kw['node_links']!r}" if "node_links" in kw else ""
+        ax.set_title(f"{name}{links}\ngap {topo.spectral_gap(in_lists):.4f} (paper's W), "
+                     f"{topo.spectral_gap(in_lists, 'eq1'):.3f} (eq. 1)", fontsize=8)
         ax.set_aspect("equal")
         ax.axis("off")
     fig.tight_layout(rect=(0, 0, 1, 0.93))

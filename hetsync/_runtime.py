@@ -174,6 +174,11 @@ def services():
     return _STATE["services"]
 
 
+def hosts():
+    """Every rank's host name, gathered once at ``init`` (the job's real placement: machines of any size)."""
+    return list(services().hosts)
+
+
 def rank():
     return _hvd().rank()
 

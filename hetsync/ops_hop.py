@@ -32,13 +32,17 @@ def _timeout(timeout):
     return t
 
 
-def hop_configure(name, in_neighbours, out_neighbours, max_ig, backup=0, staleness=None, compression=None):
+def hop_configure(name, in_neighbours, out_neighbours, max_ig, backup=0, staleness=None, compression=None,
+                  stale_reduce="newest"):
     """Creates this worker's queue set ``name`` (local; every worker configures its own side of the graph).
-    Messages that arrived before are kept and applied.  InvalidArgumentError names a bad neighbour list,
-    ``max_ig < 1`` or ``backup`` outside [0, |N_in|)."""
+    Messages that arrived before are kept and applied.  ``stale_reduce`` (with staleness): "received" reduces only
+    the updates received since the previous reduce (§4.4's N_in^(k)), "newest" every in-neighbour's newest
+    satisfactory one.  InvalidArgumentError names a bad neighbour list, ``max_ig < 1`` or ``backup`` outside
+    [0, |N_in|)."""
     _lib.hetsync_hop_configure(queue=name, in_neighbours=[int(r) for r in in_neighbours],
                                out_neighbours=[int(r) for r in out_neighbours], max_ig=int(max_ig),
                                backup=int(backup), staleness=-1 if staleness is None else int(staleness),
+                               reuse_stale=stale_reduce == "newest",
                                wire_half=_wire_half(compression))
 
 
@@ -97,7 +101,7 @@ def state_api():
         P, I, I64, D = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_double
         IP, I64P, DP = ctypes.POINTER(I), ctypes.POINTER(I64), ctypes.POINTER(D)
         sigs = {
-            "hetsync_hop_state_new": ([I, I, IP, I, IP, I, I, I], P),
+            "hetsync_hop_state_new": ([I, I, IP, I, IP, I, I, I, I], P),
             "hetsync_hop_state_free": ([P], None),
             "hetsync_hop_state_update": ([P, I64, I, D], I),
             "hetsync_hop_state_tokens": ([P, I, I64, I64], None),

@@ -27,10 +27,10 @@ CAP = 64
 
 
 class Worker:
-    def __init__(self, rank, ins, outs, max_ig, backup, staleness, compute):
+    def __init__(self, rank, ins, outs, max_ig, backup, staleness, compute, reuse=False):
         arr = lambda xs: (ctypes.c_int * max(1, len(xs)))(*xs)  # noqa: E731
         self.h = API.hetsync_hop_state_new(rank, len(ins), arr(ins), len(outs), arr(outs), max_ig, backup,
-                                           -1 if staleness is None else staleness)
+                                           -1 if staleness is None else staleness, int(reuse))
         self.rank, self.ins, self.outs, self.compute = rank, ins, outs, compute
         self.x = float(rank)
         self.phase, self.ticks, self.jump = "send", 0, 0
@@ -55,16 +55,18 @@ class Worker:
 
 
 class Sim:
-    def __init__(self, in_lists, max_ig, backup, staleness, skip, trigger, slow, factor, seed):
+    def __init__(self, in_lists, max_ig, backup, staleness, skip, trigger, slow, factor, seed, reuse=False):
         self.rng = np.random.default_rng(seed)
         self.in_lists, self.outs = in_lists, topo.out_lists(in_lists)
         self.max_ig, self.backup, self.staleness, self.skip, self.trigger = max_ig, backup, staleness, skip, trigger
         n = len(in_lists)
         self.workers = [Worker(r, in_lists[r], self.outs[r], max_ig, backup, staleness,
-                               factor if r == slow else 1) for r in range(n)]
+                               factor if r == slow else 1, reuse) for r in range(n)]
+        self.reuse = reuse
         self.chan = collections.defaultdict(collections.deque)  # (src, dst) -> messages
         self.delivered = collections.defaultdict(dict)  # dst -> {(sender, iter): value} arrived, not yet consumed
         self.newest = collections.defaultdict(dict)      # dst -> {sender: (iter, value)} (staleness shadow)
+        self.reduced = collections.defaultdict(set)      # dst -> senders whose newest update dst reduced already
         self.dist = topo.distances(in_lists)
         self.max_queue = 0
         self.full_checks = True  # False: only the queue bound (long runs)
@@ -94,6 +96,7 @@ class Sim:
             old = self.newest[dst].get(src)
             if old is None or it > old[0]:
                 self.newest[dst][src] = (it, payload)
+                self.reduced[dst].discard(src)
 
     def act(self, w):
         if w.phase == "send":
@@ -138,9 +141,12 @@ class Sim:
                 del self.delivered[w.rank][key]
         else:
             lo = k - self.staleness
-            want = {s: (it, v) for s, (it, v) in self.newest[w.rank].items() if it >= lo}
+            good = {s: (it, v) for s, (it, v) in self.newest[w.rank].items() if it >= lo}
+            assert len(good) >= len(w.ins) - self.backup, "Recv returned before enough satisfactory updates"
+            # §4.4: N_in^(k) = the satisfactory updates received since the last Reduce; "newest": all of them
+            want = good if self.reuse else {s: x for s, x in good.items() if s not in self.reduced[w.rank]}
+            self.reduced[w.rank] |= set(want)
             assert senders == sorted(want), f"rank {w.rank} Recv({k}) took {senders}, rule says {sorted(want)}"
-            assert len(senders) >= len(w.ins) - self.backup
             weights = {s: float(want[s][0] - lo + 1) for s in want}  # eq. (2)
             assert self_w == self.staleness + 1
             for s, it, _, wt in entries:
@@ -185,9 +191,10 @@ def _directed_cycle_plus(n):
     return topo.validate_adjacency([[(i - 1) % n, (i + 2) % n] for i in range(n)], n)
 
 
-VARIANTS = {  # name: (backup, staleness, skip)
-    "standard": (0, None, None), "backup": (1, None, None), "staleness": (0, 2, None), "hybrid": (1, 1, None),
-    "backup+skip": (1, None, 3), "staleness+skip": (0, 3, 2),
+VARIANTS = {  # name: (backup, staleness, skip, stale_reduce="newest")
+    "standard": (0, None, None, False), "backup": (1, None, None, False), "staleness": (0, 2, None, False),
+    "staleness-newest": (0, 2, None, True), "hybrid": (1, 1, None, False), "backup+skip": (1, None, 3, False),
+    "staleness+skip": (0, 3, 2, False),
 }
 
 
@@ -196,8 +203,9 @@ VARIANTS = {  # name: (backup, staleness, skip)
        factor=st.integers(1, 6), seed=st.integers(0, 2**31))
 def test_queues_keep_hops_guarantees_under_random_delays(n, data, max_ig, variant, factor, seed):
     in_lists = data.draw(graphs(n))
-    backup, staleness, skip = VARIANTS[variant]
-    sim = Sim(in_lists, max_ig, backup, staleness, skip, 1 if skip else 0, slow=0, factor=factor, seed=seed)
+    backup, staleness, skip, reuse = VARIANTS[variant]
+    sim = Sim(in_lists, max_ig, backup, staleness, skip, 1 if skip else 0, slow=0, factor=factor, seed=seed,
+              reuse=reuse)
     for _ in range(600):
         sim.step()
     assert max(w.iter for w in sim.workers) >= 2, "the simulation made no progress"
@@ -257,3 +265,24 @@ def test_eq2_weights_and_backup_selection_directly():
     assert API.hetsync_hop_state_try_advance(b.h, 1)
     assert API.hetsync_hop_state_update(b.h, 0, 3, 4.0) == 0  # stale on arrival: dropped (§6.2 (a))
     assert API.hetsync_hop_state_dropped(b.h) == 1
+
+
+@pytest.mark.parametrize("stale_reduce", ["received", "newest"])
+def test_staleness_reduces_only_updates_received_in_iteration_k(stale_reduce):
+    """Hop §4.4: Reduce runs on N_in^(k)(j), the satisfactory updates *received in iteration k*.  A slow
+    neighbour's update, still within the bound, is not averaged in again at k + 1 under the paper's rule
+    ("received"); our "newest" variant pulls it in at every iteration until a newer one arrives."""
+    w = Worker(0, [1, 2], [1], 4, 0, 2, 1, reuse=stale_reduce == "newest")
+    API.hetsync_hop_state_update(w.h, 0, 1, 10.0)
+    API.hetsync_hop_state_update(w.h, 0, 2, 20.0)
+    first, _ = w.recv(0)
+    assert sorted(s for s, *_ in first) == [1, 2]
+    API.hetsync_hop_state_tokens(w.h, 1, 9, 1)
+    assert API.hetsync_hop_state_try_advance(w.h, 1)
+    API.hetsync_hop_state_update(w.h, 1, 2, 21.0)    # only neighbour 2 sent again; 1's update of 0 is within s = 2
+    second, self_w = w.recv(1)
+    got = {s: (it, v, wt) for s, it, v, wt in second}
+    if stale_reduce == "received":
+        assert got == {2: (1, 21.0, 3.0)} and self_w == 3.0   # eq. (2): Iter(u) - (k - s) + 1
+    else:
+        assert got == {1: (0, 10.0, 2.0), 2: (1, 21.0, 3.0)}

@@ -13,11 +13,15 @@ Options (the issue's names are the public API):
   max_ig: token queue size, the bound on how far a worker runs ahead of an out-neighbour (§4.2).  Default 4.
   backup_workers: N (§4.3): a worker needs |N_in| - N updates per iteration and takes any others already there.
   staleness: s (§4.4): each in-neighbour's newest update no older than s iterations, averaged by eq. (2).
+  stale_reduce (with staleness): "received" (§4.4's N_in^(k)(j)): Reduce only the satisfactory updates received
+    since the previous Reduce; "newest": every in-neighbour's newest satisfactory update, again each iteration until
+    a newer one arrives.  See the README for which is the default and why.
   skip, skip_trigger: J, G (§5): a worker more than G iterations behind all its out-neighbours (read from its
     token counts) jumps up to J iterations, after a Recv(k-1) + Reduce, taking the tokens the jump needs.  Needs
     backup_workers or staleness (with neither, no worker can fall more than one iteration behind an out-neighbour,
     Theorem 1, so it would never jump).  skip_trigger defaults to max_ig // 2.
-  node_size, node_links: machines for "node-allreduce-ring" (default: Horovod's local_size) and how they are joined.
+  node_size, node_links: machines for "node-allreduce-ring" (default: the job's real placement, ranks grouped by
+    host, machines of any size) and which workers join neighbouring machines (Fig 21 (b) "gateway", (c) "distinct").
   timeout: seconds a Recv or a token wait may block before it fails naming the neighbours (default: init's).
 Defaults give standard decentralized training (D-PSGD on the parallel graph), the paper's baseline.
 
@@ -49,12 +53,17 @@ class Hop(DecentralizedAlgorithm):
         "max_ig": Option(4, "int", minimum=1, doc="token queue size: the most iterations ahead of a neighbour"),
         "backup_workers": Option(0, "int", minimum=0, doc="updates per iteration a worker may go without (§4.3)"),
         "staleness": Option(None, "int", minimum=0, none=True, doc="bounded staleness s (§4.4; None: off)"),
+        "stale_reduce": Option("received", choices=("received", "newest"),
+                               doc="with staleness: Reduce only updates received since the last Reduce (§4.4) "
+                                   "or every neighbour's newest"),
         "skip": Option(None, "int", minimum=1, none=True, doc="most iterations one jump skips (§5; None: off)"),
         "skip_trigger": Option(None, "int", minimum=0, none=True,
                                doc="iterations behind every out-neighbour that trigger a jump (None: max_ig // 2)"),
         "node_size": Option(None, ("int", "list"), minimum=1, none=True,
-                            doc="workers per machine, or a list of machine sizes (None: Horovod's local_size)"),
-        "node_links": Option(1, choices=(1, "all"), doc="links between machines in node-allreduce-ring"),
+                            doc="workers per machine, or a list of machine sizes (None: the real placement by host)"),
+        "node_links": Option("distinct", choices=topo.LINKS,
+                             doc="workers joining neighbouring machines: Fig 21 (b) 'gateway', (c) 'distinct' "
+                                 "(1 is its older name), or 'all' (ours)"),
         "timeout": TIMEOUT,
     }
 
@@ -74,14 +83,14 @@ class Hop(DecentralizedAlgorithm):
         g = self.options["skip_trigger"]
         return self.options["max_ig"] // 2 if g is None else g
 
-    def graph(self, size=None, local_size=None):
+    def graph(self, size=None, machines=None):
         """in_lists for this job (every rank computes the same), after the checks that need the world size
-        (default: Horovod's size and local_size)."""
+        (default: Horovod's size; machines from ``node_size``, else the real placement gathered at init)."""
         if size is None:
             import horovod.tensorflow as hvd
 
-            size, local_size = hvd.size(), hvd.local_size()
-        node_size = self.options["node_size"] or local_size or size
+            size = hvd.size()
+        node_size = self.options["node_size"] or machines or _placement(size)
         in_lists = topo.build(self.options["topology"], size, node_size, self.options["node_links"])
         backup = self.options["backup_workers"]
         short = [i for i, ins in enumerate(in_lists) if ins and backup >= len(ins)]
@@ -111,7 +120,7 @@ class Hop(DecentralizedAlgorithm):
         self.queue = f"hop-{next(_WRAPS)}"
         ops_hop.hop_configure(self.queue, self.in_lists[self.rank], self.out_lists[self.rank],
                               self.options["max_ig"], self.options["backup_workers"], self.options["staleness"],
-                              self.compression)
+                              self.compression, self.options["stale_reduce"])
         with tf.init_scope():
             self._steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetsync_hop_steps")
             self._updates = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetsync_hop_updates")
@@ -189,6 +198,15 @@ class Hop(DecentralizedAlgorithm):
             if n["known_iteration"] >= 0:
                 out[f"gap_to_{n['peer']}"] = n["known_iteration"] - s["iteration"]
         return out
+
+
+def _placement(size):
+    """Machines from the hosts every rank reported at hetsync.init(); one machine before init (checks only)."""
+    from hetsync import _runtime
+
+    if _runtime.is_initialized():
+        return topo.machines_from_hosts(_runtime.hosts())
+    return size
 
 
 def _horovod_ready():

@@ -10,11 +10,14 @@ its own update, §3.1).  The named graphs are undirected (each edge both ways):
 - ``"double-ring"``: two ring-based graphs on the halves 0..n/2-1 and n/2..n-1, joined node to node (Fig 11 (3));
   needs an even n >= 4.
 - ``"node-allreduce-ring"``: all-to-all inside each machine, a ring between machines (Fig 21 (b)/(c)).  Machines
-  come from ``node_size`` (an int: blocks of that many ranks; a list: the size of each machine, e.g. [3, 3, 2]).
-  ``node_links`` says how neighbouring machines are joined: 1 (default, Fig 21 (b) as we read it: one link, from
-  a machine's last worker to the next machine's first) or "all" (Fig 21 (c) as we read it: worker l of a machine to
-  worker l of the next, for every l both have).  The paper's figure is an image we cannot read; these are our
-  choices, written down in the README.
+  come from ``node_size``: an int (blocks of that many ranks), a list of machine sizes (e.g. [4, 2, 2], Fig 21's
+  8 workers on 3 machines) or, in a job, Horovod's placement (ranks grouped by host).  ``node_links`` says which
+  workers carry the links between neighbouring machines:
+  ``"gateway"``: one worker per machine carries both of its machine's links (Fig 21 (b), spectral gap 0.2682);
+  ``"distinct"`` (and ``1``, its older name): each inter-machine link uses different workers, a machine's last
+  worker to the next machine's first (Fig 21 (c), 0.2688); ``"all"``: worker l of a machine to worker l of the
+  next, for every l both have (ours, not in the paper).  The Fig 21 gaps are reproduced by ``spectral_gap`` under
+  the paper's W (tests/test_hop_options.py).
 - a user adjacency: a list of n in-neighbour lists (directed edges allowed); it must be strongly connected.
 """
 import collections
@@ -47,7 +50,13 @@ def _ring_based_edges(ranks):
 
 
 def machines(size, node_size):
-    """Rank blocks per machine: node_size an int (blocks of that size) or a list of machine sizes."""
+    """Ranks per machine: node_size an int (blocks of that size), a list of machine sizes (consecutive blocks), or
+    a list of rank lists (a real placement, ranks grouped by host, not necessarily consecutive)."""
+    if isinstance(node_size, (list, tuple)) and node_size and all(isinstance(m, (list, tuple)) for m in node_size):
+        ranks = sorted(r for m in node_size for r in m)
+        if ranks != list(range(size)) or any(not m for m in node_size):
+            raise ValueError(f"machines {node_size} must hold every rank 0..{size - 1} exactly once")
+        return [sorted(m) for m in node_size]
     if isinstance(node_size, (list, tuple)):
         sizes = [int(s) for s in node_size]
         if any(s < 1 for s in sizes) or sum(sizes) != size:
@@ -64,24 +73,40 @@ def machines(size, node_size):
     return out
 
 
+def machines_from_hosts(hosts):
+    """A real placement: ``hosts[r]`` is rank r's host name; machines in order of their first rank."""
+    groups = {}
+    for rank, host in enumerate(hosts):
+        groups.setdefault(host, []).append(rank)
+    return list(groups.values())
+
+
+LINKS = ("gateway", "distinct", 1, "all")
+
+
+def _machine_links(a, b, node_links):
+    """The edges joining machine ``a`` (index m) to the next machine ``b`` on the machine ring."""
+    if node_links == "all":
+        return [(a[l], b[l]) for l in range(min(len(a), len(b)))]
+    if node_links == "gateway":  # Fig 21 (b): each machine's first worker carries both of its links
+        return [(a[0], b[0])]
+    return [(a[-1], b[0])]     # Fig 21 (c): a machine's links leave from its last worker and arrive at its first
+
+
 def _node_allreduce_ring(size, node_size, node_links):
     blocks = machines(size, node_size)
     edges = [(a, b) for block in blocks for a in block for b in block if a < b]
     if len(blocks) > 1:
         pairs = [(m, (m + 1) % len(blocks)) for m in range(len(blocks) if len(blocks) > 2 else 1)]
         for m, nxt in pairs:
-            a, b = blocks[m], blocks[nxt]
-            if node_links == "all":
-                edges += [(a[l], b[l]) for l in range(min(len(a), len(b)))]
-            else:
-                edges.append((a[-1], b[0]))
+            edges += _machine_links(blocks[m], blocks[nxt], node_links)
     return _undirected(size, edges)
 
 
 def build(topology, size, node_size=1, node_links=1):
     """in_lists for a named topology or a user adjacency; ValueError names what is wrong."""
-    if node_links not in (1, "all"):
-        raise ValueError(f"node_links must be 1 or 'all', got {node_links!r}")
+    if node_links not in LINKS:
+        raise ValueError(f"node_links must be one of {LINKS}, got {node_links!r}")
     if isinstance(topology, str):
         if topology == "ring":
             return _undirected(size, _ring_edges(list(range(size))))
@@ -166,10 +191,28 @@ def weights(in_lists):
     return w
 
 
-def spectral_gap(in_lists):
-    """|lambda_1(W)| - |lambda_2(W)| (Hop §7.3.6's footnote); 1.0 for one worker."""
+def fig21_matrix(in_lists):
+    """The paper's W for its spectral gaps (§7.3.6): the adjacency A over each worker's degree, no self-loops."""
+    n = len(in_lists)
+    a = np.zeros((n, n))
+    for i, ins in enumerate(in_lists):
+        a[i, list(ins)] = 1.0
+    return a / np.maximum(a.sum(axis=1, keepdims=True), 1.0)
+
+
+def spectral_gap(in_lists, matrix="paper"):
+    """Hop §7.3.6's footnote: ||lambda_1(W)|| - ||lambda_2(W)|| for the two largest eigenvalues of W.
+
+    ``matrix="paper"``: W = A / degree without self-loops, eigenvalues ordered by value; this gives Fig 21's
+    0.6667 / 0.2682 / 0.2688.  ``matrix="eq1"``: the W training actually averages with (eq. (1), self-loop
+    included), eigenvalues ordered by modulus (the usual mixing-rate reading).  1.0 for one worker."""
     if len(in_lists) < 2:
         return 1.0
+    if matrix == "paper":
+        values = sorted(np.linalg.eigvals(fig21_matrix(in_lists)).real, reverse=True)
+        return float(abs(values[0]) - abs(values[1]))
+    if matrix != "eq1":
+        raise ValueError(f"matrix must be 'paper' or 'eq1', got {matrix!r}")
     mods = sorted(np.abs(np.linalg.eigvals(weights(in_lists))), reverse=True)
     return float(mods[0] - mods[1])
 
@@ -187,4 +230,5 @@ def gap_bound(dist, i, j, max_ig, backup=0, staleness=None):
 def describe(in_lists):
     """One line for the log: degrees and spectral gap."""
     degrees = sorted({len(x) for x in in_lists})
-    return f"{len(in_lists)} workers, in-degree {degrees}, spectral gap {spectral_gap(in_lists):.4f}"
+    return (f"{len(in_lists)} workers, in-degree {degrees}, spectral gap {spectral_gap(in_lists):.4f} (the "
+            f"paper's W), {spectral_gap(in_lists, 'eq1'):.4f} (eq. (1)'s W)")

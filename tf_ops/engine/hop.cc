@@ -40,7 +40,7 @@ std::string CheckConfig(const HopConfig& cfg, int size) {
 
 bool SameConfig(const HopConfig& a, const HopConfig& b) {
   return a.rank == b.rank && a.in == b.in && a.out == b.out && a.max_ig == b.max_ig && a.backup == b.backup &&
-         a.staleness == b.staleness;
+         a.staleness == b.staleness && a.reuse_stale == b.reuse_stale;
 }
 
 }  // namespace

@@ -27,6 +27,7 @@ bool HopState::OnUpdate(HopEntry e) {
     if (it != latest_.end()) {
       ++dropped_;
       if (it->second.iter >= e.iter) return false;
+      reduced_.erase(e.sender);
       it->second = std::move(e);
       return true;
     }
@@ -116,7 +117,9 @@ bool HopState::RecvQueued(int64_t k, HopSelection* sel, std::vector<int>* missin
 }
 
 // Fig 9 as §4.4's text says: the newest update of each in-neighbour, received now or in an earlier iteration, is
-// satisfactory when it is at most s iterations old; it is kept and reused until a newer one replaces it. The
+// satisfactory when it is at most s iterations old, and Recv(k) waits until every in-neighbour has one. Which of
+// them it reduces: the paper's N_in^(k)(j), only those received since the previous reduce (reuse_stale false),
+// or every satisfactory one, kept and reused until a newer one replaces it (reuse_stale true, our variant). The
 // reduce weights each by Iter(u) - (k - s) + 1 (eq. 2; the worker's own parameters, of iteration k, by s + 1).
 // With backup workers as well (the hybrid of Table 1), |N_in| - backup satisfactory neighbours suffice.
 bool HopState::RecvStale(int64_t k, HopSelection* sel, std::vector<int>* missing) {
@@ -137,10 +140,11 @@ bool HopState::RecvStale(int64_t k, HopSelection* sel, std::vector<int>* missing
   sel->entries.clear();
   sel->weights.clear();
   for (const HopEntry* e : good) {
+    if (!cfg_.reuse_stale && !reduced_.insert(e->sender).second) continue;  // reduced in an earlier iteration
     sel->entries.push_back(*e);
     sel->weights.push_back(static_cast<double>(e->iter - min_iter + 1));
   }
-  used_ += static_cast<int64_t>(good.size());
+  used_ += static_cast<int64_t>(sel->entries.size());
   missing->clear();
   return true;
 }
@@ -209,7 +213,7 @@ int64_t HopState::QueueSizeFrom(int peer) const {
 // float, so a test can check the reduce's weights against numpy.
 extern "C" {
 void* hetsync_hop_state_new(int rank, int n_in, const int* in, int n_out, const int* out, int max_ig, int backup,
-                            int staleness) {
+                            int staleness, int reuse_stale) {
   hetsync::HopConfig cfg;
   cfg.rank = rank;
   cfg.in.assign(in, in + n_in);
@@ -217,6 +221,7 @@ void* hetsync_hop_state_new(int rank, int n_in, const int* in, int n_out, const 
   cfg.max_ig = max_ig;
   cfg.backup = backup;
   cfg.staleness = staleness;
+  cfg.reuse_stale = reuse_stale != 0;
   return new hetsync::HopState(cfg);
 }
 void hetsync_hop_state_free(void* s) { delete static_cast<hetsync::HopState*>(s); }

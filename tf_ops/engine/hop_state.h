@@ -33,6 +33,10 @@ struct HopConfig {
   int max_ig = 4;        // §4.2: initial tokens per token queue, bound on Iter(i) - Iter(out-neighbour)
   int backup = 0;        // §4.3: updates a worker may go without per iteration (< |N_in|)
   int staleness = -1;    // §4.4: s >= 0 enables bounded staleness; -1 off
+  // With staleness, which satisfactory updates Recv(k) reduces: false = §4.4's N_in^(k)(j), only those received
+  // since this worker's previous reduce (the paper's rule); true = each in-neighbour's newest, again and again
+  // until a newer one arrives (our variant, "newest").
+  bool reuse_stale = true;
 };
 
 // One queue entry: the parameters worker `sender` had when it entered iteration `iter` (§4.1 tags (iter, w_id)).
@@ -106,6 +110,7 @@ class HopState {
   int64_t sent_iter_ = -1;
   std::vector<std::vector<HopEntry>> queues_;  // §6.1 rotating queues: index iter mod (max_ig + 1)
   std::map<int, HopEntry> latest_;             // staleness: the newest update per in-neighbour (kept, reused)
+  std::set<int> reduced_;                      // staleness: in-neighbours whose latest_ entry was reduced already
   std::map<int, int64_t> tokens_;              // per out-neighbour: granted - taken
   std::map<int, int64_t> newest_;              // per in-neighbour: newest update iteration that arrived
   std::map<int, int64_t> peer_iter_;           // per out-neighbour: iteration its latest token carried

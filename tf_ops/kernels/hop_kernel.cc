@@ -33,6 +33,7 @@ REGISTER_OP("HetsyncHopConfigure")
     .Attr("max_ig: int")
     .Attr("backup: int = 0")
     .Attr("staleness: int = -1")
+    .Attr("reuse_stale: bool = true")
     .Attr("wire_half: bool = false")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext*) { return tensorflow::OkStatus(); })
@@ -49,6 +50,7 @@ class HopConfigureKernel : public AsyncOpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("max_ig", &max_ig));
     OP_REQUIRES_OK(c, c->GetAttr("backup", &backup));
     OP_REQUIRES_OK(c, c->GetAttr("staleness", &staleness));
+    OP_REQUIRES_OK(c, c->GetAttr("reuse_stale", &cfg_.reuse_stale));
     OP_REQUIRES_OK(c, c->GetAttr("wire_half", &wire_half_));
     cfg_.in.assign(in.begin(), in.end());
     cfg_.out.assign(out.begin(), out.end());
