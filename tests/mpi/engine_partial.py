@@ -7,7 +7,9 @@ which deposits it holds.  Checked, for solo and majority:
   - every deposit lands in exactly one round (stale ones carried, once), also for a rank that sleeps through
     many rounds; a call's `included` flag says whether its own deposit is in the round it returned;
   - late='accumulate': every deposit reaches every rank's sum exactly once, weight 1/P;
-  - majority: each round's initiator is the seeded one (engine == Python reproduction) on every rank, and a
+  - majority: each round was started by the seeded initiator (the rank its activation notices carry == the engine's
+    and the Python reproduction of the RNG) and, while that rank was still calling, by its call (it is active in
+    the round); on every rank; a
     waiting rank is never stuck behind an away initiator (the flush below runs while every other rank is in a
     Horovod barrier, marked AWAY);
   - compression='fp16' (half on the wire, float32 buffers);
@@ -78,6 +80,8 @@ def check_rounds(ops, mode, name, records, sleeper):
                 assert prev["initiator"] == rec["initiator"], (rec["round"], prev["initiator"], rec["initiator"])
     assert sorted(rounds) == list(range(len(rounds))), (mode, "every round is returned by a rank", sorted(rounds))
     seen = np.zeros(size * K + 1)
+    last_call_round = {k: max(rec["round"] for rec in records if rec["rank"] == k and rec["call"] >= 0)
+                       for k in range(size)}
     for r, rec in rounds.items():
         members = rec["avg"] > 0
         nap = rec["nap"]
@@ -93,6 +97,8 @@ def check_rounds(ops, mode, name, records, sleeper):
         if mode == "majority":
             want = ops.majority_initiator(SEED, name, r, size)
             assert rec["initiator"] == want == ops.engine_majority_initiator(SEED, name, r, size), (r, rec, want)
+            if r <= last_call_round[want]:  # still calling (not away): only its call can have started the round
+                assert rec["contributors"][want] == 2, (r, "majority round not started by its initiator's call", rec)
     assert np.all(seen[:-1] == 1), (mode, "deposits not in exactly one round", np.flatnonzero(seen[:-1] != 1))
     for rec in records:
         if rec["call"] < 0:

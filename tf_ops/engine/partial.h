@@ -90,7 +90,8 @@ struct PartialResult {
   int nap = 0;              // number of ranks whose contribution is in the sum (the average divides by it)
   int active = 0;           // of those, ranks whose call was waiting for this round (§6.1's "active processes")
   int64_t round = -1;
-  int initiator = -1;       // majority: the designated rank; solo: the first activation this rank received
+  int initiator = -1;       // the rank that started the round (the first activation this rank received; majority:
+                            // only the designated rank activates, so a test can check it against the seeded RNG)
   int64_t staleness = -1;   // included: rounds the oldest part of the contribution waited (0 = fresh)
   int64_t rounds = 1;       // rounds in the returned tensors (accumulate: every round since the previous call)
   std::vector<uint8_t> contributors;  // per rank: 0 none, 1 passive (stale data, no call waiting), 2 active

@@ -305,7 +305,7 @@ void PartialSchedule::FinishRound(EngineContext& ctx) {
     result_.nap += f > 0;
     result_.active += f == 2;
   }
-  result_.initiator = spec_.mode == PartialMode::kSolo ? acts_[r].root : Designated(ctx, r);
+  result_.initiator = acts_[r].root;  // the rank whose activation started this round, as its notices carried it
   result_.staleness = my_staleness_;
   result_round_ = r;
   next_round_ = r + 1;
