@@ -19,7 +19,8 @@ variables).  Three stages, by ``optimizer.iterations`` (which counts global upda
      ``"sgd"``: W_t - η g_t; ``"dc-asgd-c"`` (eq. 4): W_t - η (g_t + λ g_t⊙g_t⊙(W_t - L_t));
      ``"dc-asgd-a"`` (eq. 5-6): W_t - η (g_t + λ/sqrt(MeanSquare_t + 1e-7) ⊙ g_t⊙g_t⊙(W_t - L_t)),
      MeanSquare_t = m·MeanSquare_{t-1} + (1-m)·g_t².  η = ``local_lr`` (default: the optimizer's current
-     learning rate), λ = ``dc_lambda``, m = ``mean_square_decay``.
+     learning rate), λ = ``dc_lambda`` (default: the value OD-SGD §4.3 uses for that updater, 0.04 for
+     DC-ASGD-c and 0.95 for DC-ASGD-a), m = ``mean_square_decay``.
 
 Choices where the paper is silent (README, "OD-SGD"):
 
@@ -39,6 +40,7 @@ from hetsync.algorithms._wrap import build_slots, rebuild_from_config
 from hetsync.algorithms.base import SyncAlgorithm
 
 LOCAL_UPDATERS = ("sgd", "dc-asgd-c", "dc-asgd-a")
+PAPER_DC_LAMBDA = {"dc-asgd-c": 0.04, "dc-asgd-a": 0.95}  # §4.3 (CIFAR-10): each updater's recommended λ
 
 
 
@@ -48,10 +50,12 @@ class ODSGD(IdleContribution, SyncAlgorithm):
     STEPPING = "lockstep"
     OPTIONS = {
         "warmup_steps": Option(100, "int", minimum=0, doc="steps of plain allreduce before the one-step delay"),
-        "local_updater": Option("sgd", choices=LOCAL_UPDATERS, doc="the local updater (§4.2)"),
+        "local_updater": Option("sgd", choices=LOCAL_UPDATERS, doc="the local updater (§3.3)"),
         "local_lr": Option(None, "number", minimum=0, above=True, none=True,
                            doc="the local updater's learning rate (None: the optimizer's)"),
-        "dc_lambda": Option(0.04, "number", minimum=0, doc="DC-ASGD's compensation strength"),
+        "dc_lambda": Option(None, "number", minimum=0, none=True,
+                            doc="DC-ASGD's compensation strength λ (None: §4.3's for the updater: 0.04 for "
+                                "dc-asgd-c, 0.95 for dc-asgd-a)"),
         "mean_square_decay": Option(0.95, "number", minimum=0, maximum=1, below=True,
                                     doc="DC-ASGD-a's mean-square decay"),
         "timeout": TIMEOUT,
@@ -218,13 +222,19 @@ class ODSGD(IdleContribution, SyncAlgorithm):
             lr = lr(self.optimizer.iterations)
         return tf.convert_to_tensor(lr)
 
+    @property
+    def dc_lambda(self):
+        """λ of the DC-ASGD updaters: the option, else the value §4.3 uses with this updater."""
+        lam = self.options["dc_lambda"]
+        return float(PAPER_DC_LAMBDA.get(self.options["local_updater"], 0.0) if lam is None else lam)
+
     def _local(self, v, g, w, l):
         """The local updater (§3.3): L_{t+1} from W_t, g_t (computed at L_t) and L_t."""
         eta = tf.cast(self._learning_rate(), v.dtype)
         kind = self.options["local_updater"]
         if kind == "sgd":
             return w - eta * g
-        lam = tf.cast(float(self.options["dc_lambda"]), v.dtype)
+        lam = tf.cast(self.dc_lambda, v.dtype)
         if kind == "dc-asgd-c":  # eq. 4
             return w - eta * (g + lam * g * g * (w - l))
         m = float(self.options["mean_square_decay"])  # eqs. 5-6

@@ -63,13 +63,15 @@ def local_np(kind, w, g, l, lr, lam, ms, m=0.95):
 
 
 def check_replay(kind, rank, size, warmup=2, steps=8, local_lr=None):
-    """Quadratic loss 0.5·|v - target_r|²·3: g_r = 3 (L_r - target_r), so every rank's trajectory is known."""
+    """Quadratic loss 0.5·|v - target_r|²·3: g_r = 3 (L_r - target_r), so every rank's trajectory is known.
+    dc-asgd-a runs with the default λ, which must be OD-SGD §4.3's 0.95 for DC-ASGD-a (0.04 is DC-ASGD-c's)."""
     v = tf.Variable(np.full(6, 0.5, np.float32))
+    explicit = {} if kind == "dc-asgd-a" else {"dc_lambda": 0.5}
     opt = hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(LR, momentum=MOMENTUM), sync="od-sgd",
-                                       warmup_steps=warmup, local_updater=kind, dc_lambda=0.5, local_lr=local_lr)
+                                       warmup_steps=warmup, local_updater=kind, local_lr=local_lr, **explicit)
     algo = opt._hetsync_algorithm
     tgt = np.stack([target(r, size) for r in range(size)])
-    lam, eta = np.float32(0.5), np.float32(local_lr or LR)
+    lam, eta = np.float32(0.95 if kind == "dc-asgd-a" else 0.5), np.float32(local_lr or LR)
     L = np.full((size, 6), 0.5, np.float32)     # every rank's model (numpy replay)
     W = L[0].copy()
     vel = np.zeros(6, np.float32)
