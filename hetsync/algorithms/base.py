@@ -38,6 +38,7 @@ class SyncAlgorithm:
     # (one train step per rank per Keras step, synchronous).
     STEPPING = "own"
     consensus_every = None  # batches between mid-epoch model averages (None: epoch ends only)
+    consensus_epochs = 1    # epoch ends between model averages (the others are sync points without an average)
     # Why the mode cannot run in a custom loop (hetsync.job_steps), or None: it can.  job_steps raises it as a
     # ValueError on every rank before any collective.
     NO_CUSTOM_LOOPS = None

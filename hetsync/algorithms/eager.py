@@ -52,7 +52,9 @@ class EagerSGD(SyncAlgorithm):
     MODE = None
     OPTIONS = {
         "model_sync_every": Option(DEFAULT_MODEL_SYNC_EVERY, "int", minimum=1, none=True,
-                                   doc="batches between model averages (None: epoch ends only)"),
+                                   doc="batches between mid-epoch model averages (None: epoch ends only)"),
+        "model_sync_epochs": Option(1, "int", minimum=1,
+                                    doc="epoch ends between model averages (§5: the paper's is about 10)"),
         "seed": Option(0, "int", minimum=0, doc="seed of the initiator choice (solo)"),
         "timeout": TIMEOUT,
         "late": Option("accumulate", choices=("accumulate", "latest", "algorithm5"),
@@ -80,6 +82,12 @@ class EagerSGD(SyncAlgorithm):
     def consensus_every(self):
         """hetsync/training/: mid-epoch model averages every this many batches (None: epoch ends only)."""
         return self.options["model_sync_every"]
+
+    @property
+    def consensus_epochs(self):
+        """hetsync/training/: average the models at every this-many-th epoch end (§5's periodic model sync: "every
+        tens of epochs", 10 in its ResNet-50 run; the other epoch ends are sync points without an average)."""
+        return self.options["model_sync_epochs"]
 
     def wrap(self, optimizer):
         from hetsync import _runtime

@@ -46,7 +46,8 @@ class SyncPoints(tf.keras.callbacks.Callback):
         from hetsync.training import options
 
         self.state.adopt(algorithm)
-        self.state.every, self.state.at_end = options.consensus_options(self.user_callbacks, algorithm)
+        self.state.every, self.state.at_end, self.state.epochs = options.consensus_options(self.user_callbacks,
+                                                                                            algorithm)
         self.wrap_train_function()
 
     # -- Keras hooks ---------------------------------------------------------------------------------------------

@@ -104,8 +104,9 @@ def _prepare(original, model, args, kwargs, algorithm):
         raise ValueError(f"steps_per_epoch is known on ranks {[r for r, s in enumerate(steps) if s > 0]} and not "
                          f"on ranks {[r for r, s in enumerate(steps) if s < 0]}: pass steps_per_epoch on every "
                          "rank (Horovod's convention: N // hvd.size()), or a finite tf.data dataset")
-    every, at_end = options.consensus_options(user, algorithm)
-    state = RankState(algorithm, model, job, job_epochs=job_epochs and own is not None, every=every, at_end=at_end)
+    every, at_end, epochs = options.consensus_options(user, algorithm)
+    state = RankState(algorithm, model, job, job_epochs=job_epochs and own is not None, every=every, at_end=at_end,
+                      epochs=epochs)
     if own is None:
         log.info("steps_per_epoch unknown (an endless dataset or in-memory arrays): each rank's epoch is its own")
         plan = None

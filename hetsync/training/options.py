@@ -12,12 +12,13 @@ _AGREEMENTS = itertools.count()
 
 
 def consensus_options(user_callbacks, algorithm):
-    """(every, at_end): a user's Consensus callback decides; else the mode's own ``consensus_every`` (eager-SGD's
-    model_sync_every: batches between mid-epoch averages), else epoch ends only."""
+    """(every, at_end, epochs): a user's Consensus callback decides; else the mode's own ``consensus_every`` and
+    ``consensus_epochs`` (eager-SGD's model_sync_every: batches between mid-epoch averages; model_sync_epochs: epoch
+    ends between averages), else every epoch end."""
     found = [cb for cb in user_callbacks if getattr(cb, "hetsync_consensus", False)]
     if found:
-        return found[0].every, found[0].at_end
-    return algorithm.consensus_every or "epoch", True
+        return found[0].every, found[0].at_end, found[0].epochs
+    return algorithm.consensus_every or "epoch", True, algorithm.consensus_epochs
 
 
 def agree(what, values, message):

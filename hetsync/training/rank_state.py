@@ -44,10 +44,13 @@ def last_rounds():
 class RankState:
     """Where this rank is, what it does in a Keras step, and the job-wide agreements it takes part in."""
 
-    def __init__(self, algorithm, model, job, job_epochs=True, every="epoch", at_end=True):
+    def __init__(self, algorithm, model, job, job_epochs=True, every="epoch", at_end=True, epochs=1):
         self.algorithm, self.model, self.job = algorithm, model, job
         self.job_epochs = bool(job_epochs)  # DistributedOptimizer(job_epochs=...): see job_epochs.py
         self.every, self.at_end = every, at_end   # consensus rounds: "epoch", N batches or None; at fit's end
+        self.epochs = epochs      # average at every epochs-th epoch end (the others: sync points, no average)
+        self.epoch_ends = 0       # epoch-end sync points of this fit
+        self.averaged_last = True  # the latest sync point averaged the models (the end round need not)
         self.family = None        # hetsync.switching.Family of the model's optimizer
         self.verbose = True
         self.idle = False         # stopped; steps through the rest of fit without training
@@ -93,7 +96,8 @@ class RankState:
         from hetsync import ops
 
         self.idle = self.out_for_epoch = self.away = self.finished = False
-        self.fit_steps = 0
+        self.fit_steps = self.epoch_ends = 0
+        self.averaged_last = True
         ops.pin_away(False)
         self.steps_since_sync = 0
         ops.set_availability(ops.BETWEEN)
@@ -229,6 +233,19 @@ class RankState:
             self.algorithm.on_idle()
         self.job.report_stop(self.position)
 
+    def _averages(self, final, mid_epoch):
+        """Epoch ends average unless Consensus(every=None), and only every ``epochs``-th one; mid-epoch rounds
+        always; the end round when ``at_end`` and the last sync point did not average already."""
+        if final:
+            average = self.at_end and (self.every is None or not self.averaged_last)
+        elif mid_epoch:
+            average = True
+        else:
+            self.epoch_ends += 1
+            average = self.every is not None and self.epoch_ends % self.epochs == 0
+        self.averaged_last = average
+        return average
+
     def sync_point(self, final=False, mid_epoch=False):
         """Global: every rank calls it at the same Keras steps (idle ranks included).  A rank out for the rest of
         this epoch (uneven shards) stays out of hetsync's collectives after a mid-epoch round, and rejoins at the
@@ -240,8 +257,7 @@ class RankState:
         self.away = True
         ops.set_availability(ops.AWAY)
         weight = 1.0 if self.steps_since_sync > 0 else 0.0
-        # Epoch ends average unless Consensus(every=None); the end round only then (every epoch end already did).
-        average = (self.every is None and self.at_end) if final else self.every is not None
+        average = self._averages(final, mid_epoch)
         out = self.idle or (mid_epoch and self.out_for_epoch)
         sync_point(self.model, self.algorithm, idle=out, weight=weight, average=average,
                    name=f"hetsync.sync.{self.rounds}")

@@ -12,6 +12,8 @@ the same job shows it, so the assertion would fail under the other reading.
 
 2. ``model_sync_every=k`` (§5.1's bounded model divergence): with Adam and a slow rank the models drift apart
    between model averages, and after every k-th batch every rank holds the same model -- at those batches only.
+3. ``model_sync_epochs=2`` (§5's periodic model sync, "every tens of epochs"): equal models at the end of epochs
+   2 and 4 only, and after fit (its end averages, as epoch 5 did not).
 
 Prints OK rank=R.
 """
@@ -63,19 +65,27 @@ def run(late):
     return deltas.steps
 
 
+def checksum(model):
+    return float(sum(np.abs(w).sum() + w.sum() * 1e3 for w in model.get_weights()))
+
+
 class Checksums(tf.keras.callbacks.Callback):
-    """This rank's weights after every batch (after hetsync's mid-epoch average, which runs first)."""
+    """This rank's weights after every batch and every epoch end (after hetsync's averages, which run first)."""
 
     def __init__(self):
         super().__init__()
-        self.sums = []
+        self.sums, self.epoch_sums = [], []
 
     def on_train_batch_end(self, batch, logs=None):
-        self.sums.append(float(sum(np.abs(w).sum() + w.sum() * 1e3 for w in self.model.get_weights())))
+        self.sums.append(checksum(self.model))
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epoch_sums.append(checksum(self.model))
 
 
-def model_sync(every):
-    """Per batch, whether every rank held the same model after it (eager-solo, Adam, rank 3 slower)."""
+def model_sync(every, epochs=1, sync_epochs=1):
+    """Per batch (and per epoch end, and after fit), whether every rank held the same model after it (eager-solo,
+    Adam, rank 3 slower)."""
     import horovod.tensorflow as hvd_tf
 
     rank = hvd.rank()
@@ -86,13 +96,16 @@ def model_sync(every):
     tf.keras.utils.set_random_seed(11)  # one initial model everywhere
     model = tf.keras.Sequential([tf.keras.layers.Dense(4, activation="relu"), tf.keras.layers.Dense(1)])
     opt = hetsync.DistributedOptimizer(tf.keras.optimizers.Adam(0.01), sync="eager-solo", model_sync_every=every,
-                                       job_epochs=False)
+                                       model_sync_epochs=sync_epochs, job_epochs=False)
     model.compile(opt, loss="mse")
     sums = Checksums()
     slow = keras_callbacks.Slowdown("deterministic", ranks=[3], factor=3, base_time=0.01)
-    model.fit(data, steps_per_epoch=STEPS, epochs=1, verbose=0, callbacks=[slow, sums])
-    everyone = hvd_tf.allgather_object(sums.sums)
-    return [len({round(r[b], 3) for r in everyone}) == 1 for b in range(STEPS)]
+    steps = STEPS if epochs == 1 else 6
+    model.fit(data, steps_per_epoch=steps, epochs=epochs, verbose=0, callbacks=[slow, sums])
+    everyone = hvd_tf.allgather_object((sums.sums, sums.epoch_sums + [checksum(model)]))
+    same = lambda rows, b: len({round(r[b], 3) for r in rows}) == 1  # noqa: E731
+    batches = [same([e[0] for e in everyone], b) for b in range(steps * epochs)]
+    return batches, [same([e[1] for e in everyone], e) for e in range(epochs + 1)]
 
 
 def main():
@@ -110,10 +123,13 @@ def main():
     assert all(a >= 1.0 - 1e-4 for a in alone_ours), alone_ours  # the NAP average: a lone gradient at weight 1
     # 2. model_sync_every: equal models after batches k, 2k, ... and (Adam drifts) not at the batches between
     every = 5
-    equal = model_sync(every)
+    equal, _ = model_sync(every)
     synced = [b for b in range(STEPS - 1) if (b + 1) % every == 0]  # (the last batch: the epoch end averages too)
     assert all(equal[b] for b in synced), f"models differ right after a model average: {equal}"
     assert not all(equal[b] for b in range(STEPS) if (b + 1) % every != 0), f"the models never drifted: {equal}"
+    # 3. model_sync_epochs=2: epochs 2 and 4 end with one model, 1, 3 and 5 do not; fit's end averages
+    _, at_epoch_end = model_sync(None, epochs=5, sync_epochs=2)
+    assert at_epoch_end == [False, True, False, True, False, True], at_epoch_end
     print(f"rank {rank}: algorithm5 NAP=1 rounds applied {sorted(set(np.round(alone, 3)))}, latest "
           f"{sorted(set(np.round(alone_ours, 3)))}", flush=True)
     print(f"OK rank={rank}", flush=True)
