@@ -20,8 +20,12 @@ from hetsync.coordinator.client import (
     WaitTimeout,
     connect_for_job,
 )
-from hetsync.coordinator.group_generator import GroupFailed, InvalidArgument, ProtocolViolation, WorkerEvicted
+from hetsync.coordinator.group_generator import DRAFTED, GroupFailed, InvalidArgument, ProtocolViolation, WorkerEvicted
 from hetsync.coordinator.server import start_for_job, start_server
+
+# The scripted tests below replay buffered hand-outs (a drafted worker's request returns the drafter's group):
+# ripples-random's Group Buffer variant (§5.1); the §4.1 rule is covered by the request/ack loops.
+BUFFERED = {"seed": 0, "group_buffer": True}
 
 pb2, pb2_grpc = _proto.load()
 
@@ -55,7 +59,8 @@ def run_workers(address, secret, n, iterations, seed=0, checker=None):
         try:
             with GroupGeneratorClient(address, secret, w, timeout=20.0) as c:
                 for it in range(iterations):
-                    c.sync_step(lambda g: coll(w, g), iteration=it)
+                    while c.sync_step(lambda g: coll(w, g), iteration=it).phase == DRAFTED:
+                        pass  # §4.1 random GG: groups other requests drafted this worker into, then its own
                     time.sleep(rng.uniform(0.0, 0.003) * (3 if w == 0 else 1))  # "compute"; worker 0 slower
                 c.finish_and_drain(lambda g: coll(w, g))
                 stats[w] = c.latency_stats()
@@ -115,7 +120,7 @@ def check_consistent(coll, n):
     "mode,n,opts",
     [
         ("smart", 8, {"group_size": 3, "node_of": [0] * 4 + [1] * 4, "c_thres": 5}),
-        ("random", 6, {"group_size": 3}),
+        ("random", 6, {"group_size": 3, "group_buffer": False}),  # §4.1: drafted groups, then the own one
     ],
 )
 def test_request_ack_loops_consistent_across_clients(mode, n, opts):
@@ -158,7 +163,7 @@ def test_single_client_latency():
 
 
 def test_wrong_or_missing_secret_is_refused():
-    server, address = start_server(2, "random", {"seed": 0})
+    server, address = start_server(2, "random", BUFFERED)
     try:
         bad = GroupGeneratorClient(address, "not-the-secret", 0)
         for call in (bad.request_group, lambda: bad.ack(1), bad.finish, bad.away, bad.metrics, bad.shutdown_server):
@@ -177,7 +182,7 @@ def test_wrong_or_missing_secret_is_refused():
 
 
 def test_malformed_requests_are_invalid_argument():
-    server, address = start_server(3, "random", {"seed": 0, "group_size": 2})
+    server, address = start_server(3, "random", dict(BUFFERED, group_size=2))
     try:
         for w in (3, -1, 1000):
             with GroupGeneratorClient(address, server.secret, w) as c:
@@ -214,7 +219,7 @@ def test_malformed_requests_are_invalid_argument():
 
 
 def test_wait_deadline_names_the_blocking_workers():
-    server, address = start_server(3, "random", {"seed": 0, "group_size": 3, "request_wait_s": 30.0})
+    server, address = start_server(3, "random", dict(BUFFERED, group_size=3, request_wait_s=30.0))
     try:
         c0, c1, c2 = (GroupGeneratorClient(address, server.secret, w, timeout=0.4) for w in range(3))
         g1 = c0.request_group()
@@ -251,7 +256,7 @@ def test_wait_deadline_names_the_blocking_workers():
 
 
 def test_never_acking_worker_is_released_over_grpc():
-    server, address = start_server(3, "random", {"seed": 0, "group_size": 3, "ack_timeout": 0.3})
+    server, address = start_server(3, "random", dict(BUFFERED, group_size=3, ack_timeout=0.3))
     try:
         c0, c1, c2 = (GroupGeneratorClient(address, server.secret, w, timeout=5.0) for w in range(3))
         g = c0.request_group()
@@ -276,7 +281,7 @@ def test_never_acking_worker_is_released_over_grpc():
 def test_away_rpc_releases_a_blocked_worker():
     """The deadlock away() exists for: worker 2 went into a global collective without fetching group 1, so worker
     0's next group (which needs 2) would wait forever; Away(2) excuses 2 and worker 0 goes on."""
-    server, address = start_server(3, "random", {"seed": 0, "group_size": 3, "request_wait_s": 30.0})
+    server, address = start_server(3, "random", dict(BUFFERED, group_size=3, request_wait_s=30.0))
     try:
         c0, c1, c2 = (GroupGeneratorClient(address, server.secret, w, timeout=20.0) for w in range(3))
         g1 = c0.request_group()
@@ -336,7 +341,7 @@ def test_away_while_own_request_is_blocked_abandons_it():
     """Away while the same worker is inside RequestGroup (the runtime's away watcher can race a step's request,
     see the next test): the blocked request is abandoned (its group is excused) and fails with
     FAILED_PRECONDITION instead of hanging."""
-    server, address = start_server(2, "random", {"seed": 0, "group_size": 2, "request_wait_s": 30.0})
+    server, address = start_server(2, "random", dict(BUFFERED, group_size=2, request_wait_s=30.0))
     try:
         c0, c1 = (GroupGeneratorClient(address, server.secret, w, timeout=20.0) for w in range(2))
         g1 = c0.request_group()
@@ -372,7 +377,7 @@ def test_ripples_request_asks_again_after_a_stale_away_report():
 
     from hetsync.algorithms.ripples_gg import RipplesRandom
 
-    server, address = start_server(2, "random", {"seed": 0, "group_size": 2, "request_wait_s": 30.0})
+    server, address = start_server(2, "random", dict(BUFFERED, group_size=2, request_wait_s=30.0))
     try:
         c0, c1 = (GroupGeneratorClient(address, server.secret, w, timeout=20.0) for w in range(2))
         g1 = c0.request_group()

@@ -88,6 +88,79 @@ def test_random_group_contains_requester_and_is_clipped_to_live_workers():
     assert two.request(1, now=0.0).members == (0, 1)
 
 
+def _round_robin(gg, steps, n):
+    """Workers 0..n-1 in turn run Fig 7's loop on the GG (request / poll, ack at once, a drafted group followed
+    by a continuation request).  Returns (worker, group, creator) for every non-singleton hand-out."""
+    holding, waiting, out = [None] * n, [False] * n, []
+    for t in range(steps):
+        w = t % n
+        if holding[w] is not None:
+            gg.ack(w, holding[w].group_id, now=float(t))
+            holding[w] = None
+            continue
+        g = gg.poll(w, now=float(t)) if waiting[w] else gg.request(w, now=float(t))
+        waiting[w] = g is None
+        if g is not None and not g.is_singleton:
+            gid = g.group_id
+            creator = (gg._groups.get(gid) or gg._recent[gid]).creator
+            out.append((w, g, creator))
+            holding[w] = g
+        gg.check_invariants()
+    return out
+
+
+@pytest.mark.parametrize("group_buffer", [False, True])
+def test_random_gg_group_buffer_is_an_option(group_buffer):
+    """§4.1: every request gets a fresh random group; a request never ends with a group generated for another
+    worker's request (those are handed out as "drafted": run, then ask again).  §5.1's Group Buffer
+    (group_buffer=True): a request is served with the group another worker's request drafted it into."""
+    gg = RandomGroupGenerator(5, group_size=3, seed=0, ack_timeout=None, group_buffer=group_buffer)
+    handed = _round_robin(gg, 600, 5)
+    served_from_buffer = [(w, g) for w, g, creator in handed if creator != w and g.phase != "drafted"]
+    drafted = [(w, g) for w, g, creator in handed if g.phase == "drafted"]
+    requests = sum(gg.metrics()["requests"])
+    if group_buffer:
+        assert served_from_buffer and not drafted
+        assert gg.metrics()["groups_formed"] < requests  # buffered requests make no group
+    else:
+        assert not served_from_buffer, served_from_buffer[:3]
+        assert drafted and all(creator != w for w, g, creator in handed if g.phase == "drafted")
+        assert gg.metrics()["groups_formed"] == requests  # one fresh group per request
+
+
+def test_paper_random_drafted_groups_come_first_then_the_own_group():
+    gg = RandomGroupGenerator(3, group_size=3, seed=0, ack_timeout=None, group_buffer=False)
+    g1 = gg.request(0, now=0.0)  # [0, 1, 2], W0's own
+    assert g1.phase == "random" and g1.members == (0, 1, 2)
+    d = gg.request(1, now=1.0)  # W1's request makes its own group but first hands out W0's
+    assert d.group_id == g1.group_id and d.phase == "drafted" and gg.metrics()["groups_formed"] == 2
+    for w in (0, 1):
+        gg.ack(w, g1.group_id)
+    assert gg.request(1, now=2.0) is None  # continuation: no new group, its own waits for W2 (still in g1)
+    assert gg.metrics()["groups_formed"] == 2 and gg.metrics()["requests"][1] == 1
+    assert gg.request(2, now=3.0).phase == "drafted"
+    gg.ack(2, g1.group_id)
+    own = gg.poll(1, now=4.0)
+    assert own.phase == "random" and own.group_id == g1.group_id + 1
+    gg.check_invariants()
+
+
+def test_state_survives_a_sync_point():
+    """§5.3's counters (and the rest of the generator) survive a consensus round: every worker leaves (finish)
+    and comes back (resume); a fresh generator would start every c_w at 0 and draft the slow worker again."""
+    gg = SmartGroupGenerator(4, group_size=2, c_thres=2, seed=0, inter_intra=False, ack_timeout=None)
+    gg._counter[:] = [9, 9, 9, 1]  # worker 3 is slow
+    before = list(gg.metrics()["requests"])
+    for w in range(4):
+        gg.finish(w, now=1.0)
+    assert gg.resume(now=2.0) == [0, 1, 2, 3]
+    assert gg.metrics()["requests"] == before and gg.metrics()["state"] == ["live"] * 4
+    g = gg.request(0, now=3.0)
+    assert 3 not in g.members  # still filtered out: the counters were not reset
+    assert gg.resume(now=3.0) == []  # nobody left: nothing to do
+    gg.check_invariants()
+
+
 def test_same_seed_same_groups():
     def run(cls, seed):
         gg = cls(8, 3, seed=seed)
@@ -460,7 +533,8 @@ ops = st.lists(st.tuples(st.integers(0, 8), st.integers(0, 12)), min_size=1, max
 def _make(cfg):
     n = cfg["size"]
     if cfg["mode"] == "random":
-        return RandomGroupGenerator(n, cfg["group_size"], seed=cfg["seed"], ack_timeout=cfg["ack_timeout"])
+        return RandomGroupGenerator(n, cfg["group_size"], seed=cfg["seed"], ack_timeout=cfg["ack_timeout"],
+                                    group_buffer=cfg["seed"] % 2 == 0)  # §5.1 GB variant and §4.1's rule
     return SmartGroupGenerator(
         n,
         cfg["group_size"],
@@ -593,7 +667,7 @@ def test_away_leaves_a_received_group_alone_and_abandons_a_request():
 
 
 def test_random_generator_does_not_draft_away_workers():
-    gg = RandomGroupGenerator(5, group_size=3, seed=1, ack_timeout=None)
+    gg = RandomGroupGenerator(5, group_size=3, seed=1, ack_timeout=None, group_buffer=True)
     for w in (1, 2, 3):
         assert gg.away(w, now=0.0) == []
     for step in range(5):

@@ -27,6 +27,49 @@ def test_union_of_one_period_is_connected(size, node_size):
     assert connected(size, groups)
 
 
+machine_sizes = st.lists(st.integers(1, 9), min_size=1, max_size=6)
+
+
+def _placement(sizes, data):
+    """Machines of the given sizes holding a random permutation of the ranks (hosts in any rank order)."""
+    ranks = data.draw(st.permutations(range(sum(sizes))))
+    out, start = [], 0
+    for s in sizes:
+        out.append(sorted(ranks[start:start + s]))
+        start += s
+    return out
+
+
+@settings(max_examples=80, deadline=None)
+@given(sizes=machine_sizes, placed=st.booleans(), data=st.data())
+def test_unequal_machines_are_conflict_free_and_connected(sizes, placed, data):
+    """§4.2 for machines of unequal size, as a list of sizes or as the real placement (ranks grouped by host):
+    every phase is a partition that every member computes alike, each intra-node phase is exactly one machine,
+    and one period connects every worker (§3.3)."""
+    size = sum(sizes)
+    layout = Layout(size, _placement(sizes, data) if placed else sizes)
+    machines = [layout.locals_of(n) for n in range(layout.nodes)]
+    assert sorted(len(m) for m in machines) == sorted(sizes)
+    for phase in range(PERIOD):
+        groups = partition(phase, layout)
+        assert sorted(r for g in groups for r in g) == list(range(size))
+        for group in groups:
+            for rank in group:
+                assert static_group(rank, phase, layout) == group
+    assert sorted(partition(1, layout)) == sorted(sorted(m) for m in machines)
+    assert connected(size, [g for phase in range(PERIOD) for g in partition(phase, layout)])
+
+
+def test_unequal_machine_sizes_follow_figure_10_per_machine():
+    layout = Layout(8, [4, 2, 2])
+    assert static_group(0, 0, layout) == [0, 4, 6]  # local 0 of every machine
+    assert static_group(2, 0, layout) == [2, 3]
+    assert static_group(5, 1, layout) == [4, 5]
+    assert static_group(5, 2, layout) == [1, 5]  # local 1s on the ring: machines 0 and 1 (of 3)
+    with pytest.raises(ValueError, match="summing to the world size"):
+        Layout(8, [4, 2])
+
+
 def test_matches_figure_10_for_16_workers_on_4_nodes():
     layout = Layout(16, 4)
     # Phase 0: local 0s of all nodes together, local 1 alone, locals 2-3 paired.

@@ -7,12 +7,17 @@ which is exactly what the engine's P-Reduce needs.  Inside Keras' compiled train
 ``tf.py_function`` calls around the P-Reduce op (the paper's "client wrapped up as another TensorFlow Python
 Operator", §6.2).
 
-ripples-random (§4.1): a random group of ``group_size`` containing the requester, lock vector, pending queue.
-ripples-smart (§5): Group Buffer + Global Division, Inter-Intra synchronization by node (``node_size`` emulates a
-layout; default the real hosts), slowdown filter with ``c_thres``.  See docs/group_generator.md for the choices.
+ripples-random (§4.1): a random group of ``group_size`` containing the requester, lock vector, pending queue.  By
+default (``group_buffer=True``, our variant: §5.1's Group Buffer on random groups, measured faster) a request is
+served with a group another worker's request drafted it into, if any: one P-Reduce per step.  ``group_buffer=False``
+is §4.1's rule: every request gets a fresh group, and a worker first runs the groups others drafted it into.
+ripples-smart (§5): Group Buffer + Global Division, Inter-Intra synchronization by node (``node_size``: an int or a
+list of machine sizes, emulating a layout; default the real hosts), slowdown filter with ``c_thres``
+(``exclude_laggards`` adds our extra rule).  See docs/group_generator.md for the choices.
 
-Consensus rounds: before a round the worker tells the GG it stops (running the groups it still owes), after it
-the GG is installed afresh, so no group formed before the round outlives it (hetsync/coordinator/services.py).
+Consensus rounds: before a round the worker tells the GG it stops (running the groups it still owes); after it
+the GG takes every worker back (``resume``), keeping its state: the §5.3 request counters survive epochs
+(hetsync/coordinator/services.py).
 
 Away workers (README "Guarantees"): a P-Reduce is the engine instance (GG_STREAM, group id).  When the engine
 counts this worker as away (it left its train step longer than ``away_after`` ago, e.g. blocked in a user's Horovod
@@ -29,7 +34,7 @@ from hetsync.algorithms import register
 from hetsync.algorithms._wrap import wrap_post_update
 from hetsync.algorithms.options import TIMEOUT, Option
 from hetsync.algorithms.decentralized import DecentralizedAlgorithm
-from hetsync.coordinator.group_generator import ProtocolViolation
+from hetsync.coordinator.group_generator import DRAFTED, ProtocolViolation
 
 log = logging.getLogger("hetsync.ripples")
 
@@ -102,17 +107,26 @@ class GroupGeneratorAlgorithm(DecentralizedAlgorithm):
             # The first step stays local: Horovod's BroadcastGlobalVariablesCallback runs a global collective at
             # the end of the first batch, and a group formed now would wait on workers already inside it.
             return np.int64(0), np.asarray([self.services.rank], dtype=np.int32)
+        group = self._ask(iterations)
+        while group.phase == DRAFTED:
+            # ripples-random, §4.1 without a Group Buffer: another worker's request drafted this one; the group is a
+            # collective, so run it (eagerly: this is the py_function's Python) and ask again for the rest of this
+            # step's synchronization, which ends with the group generated for this worker's own request.
+            self._p_reduce_group(group)
+            self.client.ack(group)
+            group = self._ask(iterations)
+        return np.int64(group.group_id), np.asarray(group.members, dtype=np.int32)
+
+    def _ask(self, iterations):
         for attempt in range(3):
             try:
-                group = self.client.request_group(iteration=int(iterations))
-                break
+                return self.client.request_group(iteration=int(iterations))
             except ProtocolViolation as exc:
                 # The away watcher read a stale "away" just before this step began, and its report reached the GG
                 # while this request waited: the GG abandoned the request. This worker is in its step: ask again
                 # (a request brings it back).
                 if "went away while waiting" not in str(exc) or attempt == 2:
                     raise
-        return np.int64(group.group_id), np.asarray(group.members, dtype=np.int32)
 
     def _ack(self, group_id, members):
         if len(members) > 1:
@@ -128,8 +142,10 @@ class GroupGeneratorAlgorithm(DecentralizedAlgorithm):
         # Singletons (no sync) use the engine's implicit key: group id 0 is not an instance.
         instance = tf.where(tf.size(members) > 1, tf.stack([tf.constant(GG_STREAM, tf.int64), group_id]),
                             tf.zeros([2], tf.int64))
-        averaged = ops.p_reduce([tf.convert_to_tensor(v) for v in variables], members,
-                                timeout=self.options["timeout"], instance=instance, compression=self.compression)
+        with tf.control_dependencies([members]):  # read after the request: drafted groups may have averaged them
+            values = [tf.identity(v) for v in variables]
+        averaged = ops.p_reduce(values, members, timeout=self.options["timeout"], instance=instance,
+                                compression=self.compression)
         with tf.control_dependencies(averaged):
             acked = tf.py_function(self._ack, [group_id, members], tf.int32, name="gg_ack")
         with tf.control_dependencies([acked]):
@@ -199,8 +215,11 @@ _COMMON = {
 class RipplesRandom(GroupGeneratorAlgorithm):
     name = "ripples-random"
     GG_MODE = "random"
-    OPTIONS = dict(_COMMON)
-    GG_OPTIONS = ("group_size", "seed", "ack_timeout")
+    OPTIONS = dict(_COMMON,
+                   group_buffer=Option(True, "bool",
+                                       doc="ours: serve a drafted group instead of a new one (§5.1's Group Buffer;"
+                                           " False: §4.1's rule, a fresh group per request)"))
+    GG_OPTIONS = ("group_size", "seed", "ack_timeout", "group_buffer")
 
 
 @register
@@ -209,9 +228,12 @@ class RipplesSmart(GroupGeneratorAlgorithm):
     GG_MODE = "smart"
     OPTIONS = dict(_COMMON,
                    c_thres=Option(5, "int", minimum=1, none=True, doc="conflict threshold (§5.3; None: off)"),
-                   inter_intra=Option(True, "bool", doc="Inter-Intra synchronization (§5.3)"),
-                   exclude_laggards=Option(True, "bool", doc="slow workers left out of groups (§5.3)"),
-                   node_size=Option(None, "int", minimum=1, none=True,
-                                    doc="workers per machine (None: Horovod's local_size)"))
+                   inter_intra=Option(True, "bool", doc="Inter-Intra synchronization (§5.2)"),
+                   exclude_laggards=Option(True, "bool",
+                                           doc="ours: also leave out workers c_thres behind the fastest (False: "
+                                               "§5.3's filter c_i - c_w < C_thres only)"),
+                   node_size=Option(None, ("int", "list"), minimum=1, none=True,
+                                    doc="workers per machine, or a list of machine sizes, for Inter-Intra (None: "
+                                        "the real placement by host)"))
     GG_OPTIONS = ("group_size", "seed", "ack_timeout", "c_thres", "inter_intra", "exclude_laggards", "node_size")
 

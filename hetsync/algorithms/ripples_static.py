@@ -6,8 +6,10 @@ function S of hetsync.algorithms.schedule: no table to distribute, no RPC.  S is
 this worker's groups for one period (4 iterations) as a small constant and indexes it by the iteration counter.
 
 Options:
-  node_size: workers per node for the schedule's inter/intra-node rules (default: Horovod's local_size, which
-    needs a homogeneous job with ranks placed in blocks per host).  Setting it emulates a multi-node layout.
+  node_size: the machines for the schedule's inter/intra-node rules (§4.2 Fig 10's "local workers"): an int
+    (blocks of that many ranks), a list of machine sizes ([4, 2, 2]: unequal machines), or None (default): the
+    real placement, ranks grouped by the host each reported at hetsync.init() (machines of any size, ranks in any
+    order).  Setting it emulates a multi-node layout.
   timeout: seconds a P-Reduce may wait for its group before failing with the missing ranks (default: init's).
 """
 import numpy as np
@@ -17,35 +19,34 @@ from hetsync.algorithms import register
 from hetsync.algorithms._wrap import wrap_post_update
 from hetsync.algorithms.options import TIMEOUT, Option
 from hetsync.algorithms.decentralized import DecentralizedAlgorithm
+from hetsync.algorithms.hop_topology import machines_from_hosts
 from hetsync.algorithms.schedule import PERIOD, Layout, period_groups
 
 STATIC_STREAM = 1  # engine instance stream: (STATIC_STREAM, iteration) names the same P-Reduce on every member
 
 
-def default_node_size(hvd):
-    """Horovod's local_size when it describes a block layout the schedule can use; ValueError otherwise."""
-    local = hvd.local_size()
-    homogeneous = hvd.is_homogeneous() if hasattr(hvd, "is_homogeneous") else True
-    if not homogeneous or hvd.size() % local or hvd.rank() % local != hvd.local_rank():
-        raise ValueError(
-            f"ripples-static cannot derive the node layout from Horovod (rank {hvd.rank()}, local rank "
-            f"{hvd.local_rank()} of {local}, {hvd.size()} workers): pass node_size=<workers per node>")
-    return local
-
-
 @register
 class RipplesStatic(DecentralizedAlgorithm):
     name = "ripples-static"
-    OPTIONS = {"node_size": Option(None, "int", minimum=1, none=True,
-                                   doc="workers per machine (None: Horovod's local_size)"),
+    OPTIONS = {"node_size": Option(None, ("int", "list"), minimum=1, none=True,
+                                   doc="workers per machine, or a list of machine sizes (None: the real placement "
+                                       "by host)"),
                "timeout": TIMEOUT}
 
     def preflight(self):
-        """The node layout: from node_size, else Horovod's placement, which may not be a block layout on every
-        rank (a rank-dependent error: raised here, before a switch's collectives)."""
+        """The node layout, the same on every rank: from node_size, else the hosts gathered at init (a bad
+        node_size is a ValueError naming it, raised here, before a switch's collectives)."""
         import horovod.tensorflow as hvd
 
-        self.layout = Layout(hvd.size(), self.options["node_size"] or default_node_size(hvd))
+        from hetsync import _runtime
+
+        node_size = self.options["node_size"]
+        if node_size is None:
+            node_size = machines_from_hosts(_runtime.hosts())
+        try:
+            self.layout = Layout(hvd.size(), node_size)
+        except ValueError as exc:
+            raise ValueError(f"sync='ripples-static': option node_size={node_size!r}: {exc}") from None
 
     def wrap(self, optimizer):
         import horovod.tensorflow as hvd

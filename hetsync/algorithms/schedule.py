@@ -1,7 +1,9 @@
 """Ripples' conflict-free static schedule: the rule-based function S(rank, local rank, iteration) of §4.2 (Fig 9, 10).
 
-The schedule repeats every ``PERIOD = 4`` iterations.  Ranks are laid out in blocks of ``node_size`` per node
-(rank = node * node_size + local), as horovodrun places them.  For a node with L local workers, phase by phase:
+The schedule repeats every ``PERIOD = 4`` iterations.  A node's local ranks are its ranks in ascending order; nodes
+come from :class:`Layout` (blocks of ``node_size``, a list of machine sizes, or the real placement by host), and
+every rule below uses the node's own L, so machines of unequal size are scheduled conflict-free too (tested).  For
+a node with L local workers, phase by phase:
 
 ====== ============================================================================================================
 phase  groups
@@ -15,7 +17,7 @@ phase  groups
 
 A worker left without a partner does not synchronize in that phase (the paper's "No sync").  For L = 4 this is
 exactly Fig 10.  Sizes the paper does not show are handled by the same rules: pairs are formed left to right and an
-odd worker out skips; a last node with fewer workers uses the rules with its own L; with an odd number of nodes the
+odd worker out skips; a node with fewer workers uses the rules with its own L; with an odd number of nodes the
 ring pairs node i with node i + N//2 for i < N//2 and the last node skips the phase-2 inter-node step.
 
 Connectivity (§3.3): phase 0 joins the local 0s of all nodes and phase 1 joins every node internally, so the union
@@ -24,30 +26,35 @@ phase is a partition (conflict-free: no worker in two groups at once).
 """
 from dataclasses import dataclass
 
+from hetsync.algorithms.hop_topology import machines
+
 PERIOD = 4
 
 
 @dataclass(frozen=True)
 class Layout:
-    """``size`` workers in nodes of ``node_size`` consecutive ranks (the last node may hold fewer)."""
+    """``size`` workers on machines given by ``node_size``, read by hop_topology.machines: an int (blocks of that
+    many consecutive ranks, the last one may hold fewer), a list of machine sizes (``[4, 2, 2]``: consecutive
+    blocks of unequal size) or a list of rank lists (the real placement, ranks grouped by host, any order)."""
 
     size: int
-    node_size: int
+    node_size: object
 
     def __post_init__(self):
         if self.size < 1:
             raise ValueError(f"size must be >= 1, got {self.size}")
-        if not 1 <= self.node_size:
-            raise ValueError(f"node_size must be >= 1, got {self.node_size}")
+        blocks = tuple(tuple(m) for m in machines(self.size, self.node_size))
+        object.__setattr__(self, "node_size", self.node_size if isinstance(self.node_size, int) else
+                           tuple(m if isinstance(m, int) else tuple(m) for m in self.node_size))
+        object.__setattr__(self, "_machines", blocks)
 
     @property
     def nodes(self):
-        return -(-self.size // self.node_size)
+        return len(self._machines)
 
     def locals_of(self, node):
         """World ranks of ``node`` in local-rank order."""
-        first = node * self.node_size
-        return list(range(first, min(first + self.node_size, self.size)))
+        return list(self._machines[node])
 
 
 def _pairs(ranks):

@@ -4,13 +4,16 @@
 to loopback when the whole job is on one host, else to this host's address) with a fresh per-job secret, and the
 address and secret reach every rank through a Horovod broadcast.  The GG starts with the smart generator; a
 ``ripples-*`` optimizer installs the generator its mode and options ask for (``configure``, collective).  After a
-consensus round the same configuration is installed afresh (``reset``), so no group formed before the round
-outlives it.  At ``hetsync.shutdown()`` every worker tells the GG it finished (serving the groups it still owes),
-and rank 0 stops the server once every worker has finished or the timeout has passed.
+consensus round the generator takes every worker back (``reset``: ``resume``), keeping its state (the §5.3 request
+counters) from one epoch to the next.  At ``hetsync.shutdown()`` every worker tells the GG it finished (serving the
+groups it still owes), and rank 0 stops the server once every worker has finished or the timeout has passed.
 """
 import logging
 import socket
 import time
+
+from hetsync.algorithms.hop_topology import machines
+from hetsync.coordinator.group_generator import make_generator
 
 log = logging.getLogger("hetsync.coordinator")
 
@@ -67,7 +70,9 @@ class JobServices:
         """Collective: every rank passes the same GG ``mode`` and ``options``; rank 0 installs that generator.
 
         ``worker_options`` (e.g. the wire compression) are not the generator's but must agree too.  Ranks that
-        disagree get a ValueError on every rank naming them (a silent mix would deadlock or mismatch).
+        disagree get a ValueError on every rank naming them (a silent mix would deadlock or mismatch).  The same
+        configuration as the generator in place (a live switch back to the mode) keeps that generator: see
+        :meth:`reset`.
         """
         mine = repr((mode, sorted(options.items()), sorted((worker_options or {}).items())))
         everyone = self.hvd.allgather_object(mine, name="hetsync.gg.config")
@@ -75,28 +80,48 @@ class JobServices:
         if differ:
             raise ValueError(f"ranks {differ} configured the Group Generator differently from rank 0 "
                              f"(rank 0: {everyone[0]}; rank {differ[0]}: {everyone[differ[0]]})")
+        generator_options = self._generator_options(mode, options)  # a bad node_size raises on every rank
+        if self.config == (mode, dict(options)):
+            self.reset()
+            return
         self.config = (mode, dict(options))
-        self._install()
+        self._install(lambda: make_generator(mode, self.size, **generator_options))
 
     def reset(self):
-        """Collective, between two global synchronization points: install the same configuration afresh."""
+        """Collective, at a sync point (after a consensus round): the generator takes every worker back
+        (``resume``).  Its state survives: the §5.3 request counters, the §5.2 head rotation, its random stream."""
         if self.config is not None:
-            self._install()
+            self._install(None)
 
-    def _install(self):
-        from hetsync.coordinator.group_generator import make_generator
+    def _generator_options(self, mode, options):
+        """The generator's constructor options: ``node_size`` (an int or a list of machine sizes, Hop's
+        ``machines``) becomes the smart generator's ``node_of``; None uses the real placement (``self.hosts``)."""
+        options = dict(options)
+        node_size = options.pop("node_size", None)
+        if mode == "smart":
+            try:
+                blocks = machines(self.size, node_size) if node_size is not None else None
+            except ValueError as exc:
+                raise ValueError(f"sync='ripples-smart': option node_size={node_size!r}: {exc}") from None
+            if blocks is None:
+                options["node_of"] = self.hosts
+            else:
+                node = {r: n for n, block in enumerate(blocks) for r in block}
+                options["node_of"] = [node[r] for r in range(self.size)]
+        return options
 
+    def _install(self, make):
+        """Rank 0 installs ``make()`` (a new generator; its predecessor's counters go to the totals), or with
+        ``make=None`` resumes the generator in place; then every rank's client forgets its last group."""
         self._phase += 1
         if self.rank == 0:
-            mode, options = self.config
-            options = dict(options)
-            if mode == "smart":
-                node_size = options.pop("node_size", None)
-                options["node_of"] = ([r // node_size for r in range(self.size)] if node_size else self.hosts)
+            generator = self.server.generator
+            if make is not None:
+                self._add_totals(self.server.metrics())
+                generator = make()
             else:
-                options.pop("node_size", None)
-            self._add_totals(self.server.metrics())
-            self.server.install(make_generator(mode, self.size, **options))
+                generator.resume()  # no worker calls the GG now: every rank is in the sync point
+            self.server.install(generator)  # under the server's lock; wakes blocked calls
         _barrier(self.hvd, f"hetsync.gg.install.{self._phase}")
         if self._client is not None:
             self._client.reset()

@@ -1,5 +1,7 @@
 """Run under horovodrun -np 4.  ripples-random and ripples-smart (Group Generator started by hetsync.init) train a
-Keras model to a target loss; with rank 3 made 10x slower the other ranks keep making progress.
+Keras model to a target loss; with rank 3 made 10x slower the other ranks keep making progress.  ripples-smart runs
+on emulated machines of unequal size (node_size=[3, 1]); the GG's request counters survive the end-of-fit sync
+point.
 Args: MODE TARGET_LOSS."""
 import os
 import sys
@@ -41,7 +43,7 @@ def main():
     tf.keras.utils.set_random_seed(3)
     m = tf.keras.Sequential([tf.keras.layers.Input((64,)), tf.keras.layers.Dense(32, activation="relu"),
                              tf.keras.layers.Dense(10)])
-    options = {"node_size": 2} if mode == "ripples-smart" else {}
+    options = {"node_size": [3, 1]} if mode == "ripples-smart" else {}  # machines of unequal size (§5.2)
     opt = hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.2), sync=mode, **options)
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     m.compile(optimizer=opt, loss=loss, metrics=["accuracy"])
@@ -55,6 +57,11 @@ def main():
     flat = np.concatenate([w.ravel() for w in m.get_weights()])
     spread = float(np.max(np.abs(hvd.allgather(tf.constant(flat[None, :])).numpy() - flat)))
     metrics = opt._hetsync_algorithm.metrics()
+    # The end of fit was a sync point (a consensus round; the GG resumed every worker): the §5.3 request counters
+    # survived it (a generator installed afresh there would report 0 requests).
+    after = opt._hetsync_algorithm.client.metrics()["requests"]
+    resets = opt._hetsync_algorithm.services._phase
+    assert resets >= 2 and all(a >= p > 0 for a, p in zip(after, probe.requests)), (resets, after, probe.requests)
     print(f"rank {rank}: {mode} steps={steps} loss {final['loss']:.4f} acc {final['accuracy']:.3f} "
           f"requests-at-my-end {probe.requests} spread {spread:g} metrics {metrics}", flush=True)
     assert spread < 1e-6, f"workers ended with different models ({spread})"

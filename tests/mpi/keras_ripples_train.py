@@ -50,8 +50,9 @@ def main():
     rank, size = hvd.rank(), hvd.size()
     # Same number of steps, an emulated 2-node layout (the real one-host layout runs in tests/test_dropin.py).
     train(rank, size, 150, 2, target)
-    # Uneven: rank r stops after 120 + 40 r steps; nobody waits on a finished worker, all end with one model.
-    rounds = train(rank, size, 120 + 40 * rank, 2, target)
+    # Uneven: rank r stops after 120 + 40 r steps; nobody waits on a finished worker, all end with one model.  On
+    # machines of unequal size (3 + 1 workers; §4.2's rules per machine).
+    rounds = train(rank, size, 120 + 40 * rank, [3, 1], target)
     assert rounds >= 1
     stats = hetsync.ops.engine_stats()
     print(f"rank {rank}: engine stats {stats}", flush=True)
