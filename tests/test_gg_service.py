@@ -59,8 +59,9 @@ def run_workers(address, secret, n, iterations, seed=0, checker=None):
         try:
             with GroupGeneratorClient(address, secret, w, timeout=20.0) as c:
                 for it in range(iterations):
-                    while c.sync_step(lambda g: coll(w, g), iteration=it).phase == DRAFTED:
-                        pass  # §4.1 random GG: groups other requests drafted this worker into, then its own
+                    # §4.1 random GG: sync_step (request_own_group) first runs the groups other requests drafted
+                    # this worker into, then its own
+                    assert c.sync_step(lambda g: coll(w, g), iteration=it).phase != DRAFTED
                     time.sleep(rng.uniform(0.0, 0.003) * (3 if w == 0 else 1))  # "compute"; worker 0 slower
                 c.finish_and_drain(lambda g: coll(w, g))
                 stats[w] = c.latency_stats()

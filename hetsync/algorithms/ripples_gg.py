@@ -34,7 +34,6 @@ from hetsync.algorithms import register
 from hetsync.algorithms._wrap import wrap_post_update
 from hetsync.algorithms.options import TIMEOUT, Option
 from hetsync.algorithms.decentralized import DecentralizedAlgorithm
-from hetsync.coordinator.group_generator import DRAFTED, ProtocolViolation
 
 log = logging.getLogger("hetsync.ripples")
 
@@ -107,26 +106,14 @@ class GroupGeneratorAlgorithm(DecentralizedAlgorithm):
             # The first step stays local: Horovod's BroadcastGlobalVariablesCallback runs a global collective at
             # the end of the first batch, and a group formed now would wait on workers already inside it.
             return np.int64(0), np.asarray([self.services.rank], dtype=np.int32)
-        group = self._ask(iterations)
-        while group.phase == DRAFTED:
-            # ripples-random, §4.1 without a Group Buffer: another worker's request drafted this one; the group is a
-            # collective, so run it (eagerly: this is the py_function's Python) and ask again for the rest of this
-            # step's synchronization, which ends with the group generated for this worker's own request.
-            self._p_reduce_group(group)
-            self.client.ack(group)
-            group = self._ask(iterations)
+        # ripples-random, §4.1 without a Group Buffer: groups other workers' requests drafted this one into come
+        # first; they are collectives, so the client runs each through _p_reduce_group (eagerly: this is the
+        # py_function's Python) and asks again, until the group generated for this worker's own request.
+        # abandoned_retries: the away watcher may read a stale "away" just before this step began, and its report
+        # reach the GG while this request waits: the GG abandons the request; this worker is in its step, so it
+        # asks again (a request brings it back).
+        group = self.client.request_own_group(self._p_reduce_group, iteration=int(iterations), abandoned_retries=2)
         return np.int64(group.group_id), np.asarray(group.members, dtype=np.int32)
-
-    def _ask(self, iterations):
-        for attempt in range(3):
-            try:
-                return self.client.request_group(iteration=int(iterations))
-            except ProtocolViolation as exc:
-                # The away watcher read a stale "away" just before this step began, and its report reached the GG
-                # while this request waited: the GG abandoned the request. This worker is in its step: ask again
-                # (a request brings it back).
-                if "went away while waiting" not in str(exc) or attempt == 2:
-                    raise
 
     def _ack(self, group_id, members):
         if len(members) > 1:

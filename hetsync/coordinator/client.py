@@ -16,8 +16,15 @@ When the worker leaves its training step for something that may block (a global 
 runtime calls ``client.away()`` and registers the returned groups with the engine as excluded; the next
 ``request_group`` brings the worker back.
 
-:meth:`GroupGeneratorClient.sync_step` and :meth:`GroupGeneratorClient.finish_and_drain` do exactly this.  The
-client measures its own RPC latencies (:meth:`GroupGeneratorClient.latency_stats`).
+:meth:`GroupGeneratorClient.sync_step` and :meth:`GroupGeneratorClient.finish_and_drain` do exactly this.
+
+With ripples-random's paper rule (``group_buffer=False``, §4.1) a step's request may first be answered with groups
+that other workers' requests drafted this worker into (phase ``"drafted"``): P-Reduce is a collective, so the
+worker runs and acks each of them and asks again until it gets the group made for its own request.
+:meth:`GroupGeneratorClient.request_own_group` runs that loop (``sync_step`` uses it); with the Group Buffer (the
+default) or the smart GG no group is ever drafted and it is a plain :meth:`~GroupGeneratorClient.request_group`.
+
+The client measures its own RPC latencies (:meth:`GroupGeneratorClient.latency_stats`).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from typing import Callable, Optional, Sequence, Union
 import grpc
 
 from . import _proto
-from .group_generator import GGError, Group, GroupFailed, InvalidArgument, ProtocolViolation, WorkerEvicted
+from .group_generator import DRAFTED, GGError, Group, GroupFailed, InvalidArgument, ProtocolViolation, WorkerEvicted
 
 pb2, pb2_grpc = _proto.load()
 
@@ -283,9 +290,49 @@ class GroupGeneratorClient:
             raise _translate(err, self.worker) from None
 
     # ------------------------------------------------------------------ conveniences
+    def request_own_group(
+        self,
+        run_drafted: Callable[[Group], None],
+        iteration: int = -1,
+        timeout: Optional[float] = None,
+        abandoned_retries: int = 0,
+    ) -> Group:
+        """Request this step's group, first running the groups other workers drafted this worker into.
+
+        Every group answered with phase ``"drafted"`` (ripples-random with ``group_buffer=False``: §4.1 makes a
+        fresh group per request, and the groups of other requests that contain this worker are collectives it
+        must take part in) is passed to ``run_drafted`` (its P-Reduce) and acked, and the GG is asked again (a
+        continuation, not a new request).  Returns the first group that is not drafted: the one made for this
+        worker's own request (or, with a Group Buffer, simply the next one); the caller runs and acks it.
+
+        ``abandoned_retries``: how many times a request abandoned by this worker's own :meth:`away` report
+        (:class:`ProtocolViolation` "went away while waiting": a background watcher's stale report) is asked again;
+        the worker is in its step, and a request brings it back.  Other errors are raised as by
+        :meth:`request_group`.
+        """
+        group = self._request_retrying(iteration, timeout, abandoned_retries)
+        while group.phase == DRAFTED:
+            run_drafted(group)
+            self.ack(group)
+            group = self._request_retrying(iteration, timeout, abandoned_retries)
+        return group
+
+    def _request_retrying(self, iteration: int, timeout: Optional[float], abandoned_retries: int) -> Group:
+        for attempt in range(int(abandoned_retries) + 1):
+            try:
+                return self.request_group(iteration, timeout)
+            except ProtocolViolation as exc:
+                if "went away while waiting" not in str(exc) or attempt == abandoned_retries:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
     def sync_step(self, p_reduce: Callable[[Group], None], iteration: int = -1) -> Group:
-        """One synchronization of Fig 7 (steps 3-4): request, ``p_reduce(group)`` unless singleton, ack."""
-        group = self.request_group(iteration)
+        """One synchronization of Fig 7 (steps 3-4): request, ``p_reduce(group)`` unless singleton, ack.
+
+        Drafted groups (ripples-random without a Group Buffer) are run through ``p_reduce`` first (see
+        :meth:`request_own_group`); the group returned is this worker's own.
+        """
+        group = self.request_own_group(p_reduce, iteration)
         if not group.is_singleton:
             p_reduce(group)
             self.ack(group)
