@@ -90,7 +90,8 @@ class _BaseGroupGenerator(_Diagnostics, _GroupTable):
             return self._handout(w, now)
         if self._continues(w):  # ripples-random without a Group Buffer: the rest of this synchronization
             return self._wait_or_handout(w, now)
-        self._counter[w] += 1
+        if self._counts_request(w):
+            self._counter[w] += 1
         if self._needs_group(w):
             self._generate(w, now)
             self._promote(now)
@@ -325,6 +326,10 @@ class _BaseGroupGenerator(_Diagnostics, _GroupTable):
     def _continues(self, w: int) -> bool:
         """Whether a request continues the worker's current synchronization (no new request, no new group)."""
         return False
+
+    def _counts_request(self, w: int) -> bool:
+        """Whether this request starts a new synchronization, which §5.3's request counter c_w counts."""
+        return True
 
     def _needs_group(self, w: int) -> bool:
         """§5.1 Group Buffer: a new group only for a worker whose buffer is empty."""

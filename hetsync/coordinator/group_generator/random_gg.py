@@ -42,6 +42,7 @@ class RandomGroupGenerator(_BaseGroupGenerator):
         super().__init__(size, group_size=group_size, **kw)
         self.group_buffer = bool(group_buffer)
         self._own: list[Optional[int]] = [None] * self.size  # gid generated for the worker's last request
+        self._mid_step = [False] * self.size  # the worker's last hand-out was a drafted group: its step goes on
 
     def _generate(self, requester: int, now: float) -> None:
         others = [u for u in self._draftable() if u != requester]
@@ -55,7 +56,12 @@ class RandomGroupGenerator(_BaseGroupGenerator):
     def _continues(self, w: int) -> bool:
         return not self.group_buffer and self._own[w] in self._queue[w]
 
+    def _counts_request(self, w: int) -> bool:
+        """A request after a drafted group is the same step's, also when its own group was dropped meanwhile (its
+        other members finished): it makes a new own group but is not a new request."""
+        return not self._mid_step[w]
+
     def _public_for(self, g: _G, w: int) -> Group:
-        if self.group_buffer or g.gid == self._own[w] or len(g.members) == 1:
-            return g.public()
-        return Group(g.gid, tuple(g.members), DRAFTED)
+        drafted = not (self.group_buffer or g.gid == self._own[w] or len(g.members) == 1)
+        self._mid_step[w] = drafted
+        return Group(g.gid, tuple(g.members), DRAFTED) if drafted else g.public()
