@@ -8,7 +8,9 @@
    each an allreduce run and an esync run of the same number of Keras steps.  Reports samples/s relative to the sum
    of the workers' standalone samples/s (each worker's batch / its mean local-iteration time, measured in the esync
    run: what it would process alone; goal >= 0.9), and the time to a target test accuracy vs allreduce (goal >= 3x
-   at 1:1:1:5) with the final accuracies (goal: esync within 0.5 point of allreduce, or better).
+   at 1:1:1:5) with the final accuracies (goal: esync within 0.5 point of allreduce, or better).  The paper's rules
+   beside ours: non-blocking with ``on_ready="abort"`` (§4.2) vs ``"finish"``, and without the batch test.
+   ``--esync-runs`` and ``--profiles`` pick a subset (labels of ESYNC_RUNS; allreduce is always run).
 2. od-sgd: a wide MLP (``--od-hidden`` units: its gradient is ~MBs) whose allreduce takes about as long as its
    compute: a calibration run (allreduce, no emulated compute) measures the step time T, which is then used as the
    emulated compute of every run (T_cop ~ T_com).  Throughput of od-sgd with each local updater vs synchronous SGD
@@ -30,7 +32,14 @@ from benchmark import mean_curve  # noqa: E402
 PARTS = ("esync", "od-sgd")
 PROFILES = {"1:1:1:5": "1,1,1,5", "1:2:3:5": "1,2,3,5"}
 UPDATERS = ("sgd", "dc-asgd-c", "dc-asgd-a")
-ESYNC_RUNS = [("allreduce", []), ("esync", []), ("esync", ["--sync-option", "non_blocking=true"])]
+_NB = ["--sync-option", "non_blocking=true"]
+# (label, mode, options).  "non-blocking" is §4.2 with on_ready="finish" (ours: the iteration in flight when READY
+# arrives is kept); "non-blocking abort" is §4.2's rule (it is discarded); "no batch test" leaves out Algorithm 1's
+# RUN-BATCH-DATA-TEST (round 0 then starts with capabilities 0).
+ESYNC_RUNS = [("allreduce", "allreduce", []), ("esync", "esync", []),
+              ("esync no batch test", "esync", ["--sync-option", "batch_data_test=false"]),
+              ("esync non-blocking", "esync", _NB + ["--sync-option", "on_ready=finish"]),
+              ("esync non-blocking abort", "esync", _NB + ["--sync-option", "on_ready=abort"])]
 GOALS = {"samples_ratio": 0.9, "time_to_accuracy": 3.0, "od_gain": 0.30}
 TRAIN_DIGITS = 1437  # examples/common.py: 80% of scikit-learn's 1797 digits
 
@@ -67,23 +76,27 @@ def run(args, label, mode, log, extra, progress, after=None):
     return r, [(t - start, v) for t, v in acc]
 
 
+def esync_runs(args):
+    return [r for r in ESYNC_RUNS if r[0] == "allreduce" or r[0] in args.esync_runs]
+
+
 def esync_part(args, progress):
     results, curves = {}, {}
-    for profile, factors in PROFILES.items():
+    for profile in args.profiles:
         slow = ["--compute-time", str(args.base_time), "--base-time", str(args.base_time), "--slowdown",
-                "deterministic", "--factors", factors]
-        for mode, options in ESYNC_RUNS:
-            key = f"{profile} {mode}{' non-blocking' if options else ''}"
-            tag = f"esync-{profile.replace(':', '')}-{mode}{'-nb' if options else ''}"
+                "deterministic", "--factors", PROFILES[profile]]
+        for label, mode, options in esync_runs(args):
+            key = f"{profile} {label}"
+            tag = f"esync-{profile.replace(':', '')}-{label.replace(' ', '-')}"
             results[key], curves[key] = run(args, key, mode, tag, slow + options, progress)
         batch = 32
-        esync = [results[f"{profile} esync"], results[f"{profile} esync non-blocking"]]
+        esync = [results[f"{profile} {label}"] for label, mode, _ in esync_runs(args) if mode == "esync"]
         for es in esync:
             es["standalone_samples_per_s"] = sum(batch / m["mean_iteration_s"] for m in es["metrics"])
             es["local_steps"] = [round(m["mean_local_steps"], 2) for m in es["metrics"]]
         results[f"{profile} allreduce"]["standalone_samples_per_s"] = esync[0]["standalone_samples_per_s"]
-        for mode, options in ESYNC_RUNS:  # steady state: steps/s x samples per step
-            x = results[f"{profile} {mode}{' non-blocking' if options else ''}"]
+        for label, _, _ in esync_runs(args):  # steady state: steps/s x samples per step
+            x = results[f"{profile} {label}"]
             x["samples_per_s"] = x["steps_per_s"] * sum(x["samples"]) / args.steps
             x["samples_ratio"] = x["samples_per_s"] / x["standalone_samples_per_s"]
     return results, curves
@@ -136,9 +149,9 @@ def markdown(results, args):
         lines += [f"**ESync** ({args.base_time * 1000:.0f} ms emulated compute x capacity factor per local iteration)",
                   "", "| capacities | mode | steps/s | time to target | vs allreduce | final accuracy | samples/s | "
                   "vs standalone sum | local steps per round |", "|---|---|---|---|---|---|---|---|---|"]
-        for profile in PROFILES:
+        for profile in args.profiles:
             ar = r[f"{profile} allreduce"]
-            for label in ("allreduce", "esync", "esync non-blocking"):
+            for label in [x[0] for x in esync_runs(args)]:
                 x = r[f"{profile} {label}"]
                 speed = (ar["time_to_target"] / x["time_to_target"]
                          if ar["time_to_target"] and x["time_to_target"] else None)
@@ -184,12 +197,15 @@ def main(argv=None):
     p.add_argument("--od-lr", type=float, default=0.05, help="od-sgd: learning rate")
     p.add_argument("--od-steps", type=int, default=200, help="od-sgd: steps per worker (> 3 warm-up epochs)")
     p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--profiles", nargs="+", choices=list(PROFILES), default=list(PROFILES), help="esync: capacities")
+    p.add_argument("--esync-runs", nargs="+", choices=[r[0] for r in ESYNC_RUNS[1:]],
+                   default=[r[0] for r in ESYNC_RUNS[1:]], help="esync: the runs beside allreduce")
     p.add_argument("--target-accuracy", type=float, default=0.9)
     args = p.parse_args(argv)
     args.lr_ = args.lr
     args.lr = {"digits": args.lr}
     parts = chosen_parts(p, args, PARTS)
-    runs = {"esync": len(ESYNC_RUNS) * len(PROFILES), "od-sgd": 2 + 1 + len(UPDATERS) + 3}
+    runs = {"esync": len(esync_runs(args)) * len(args.profiles), "od-sgd": 2 + 1 + len(UPDATERS) + 3}
     progress = Progress(sum(runs[x] for x in parts))
     results, curves = {}, {}
     for part in parts:

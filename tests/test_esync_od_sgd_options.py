@@ -9,6 +9,8 @@ from hetsync import algorithms
     ({"global_lr": True}, "option global_lr=True (bool) is invalid: expected a number > 0"),
     ({"epsilon": -0.1}, "option epsilon=-0.1 (float) is invalid: expected a number >= 0"),
     ({"non_blocking": "yes"}, "option non_blocking='yes' (str) is invalid: expected True or False"),
+    ({"on_ready": "discard"}, "option on_ready='discard' (str) is invalid: expected 'finish' or 'abort'"),
+    ({"batch_data_test": 1}, "option batch_data_test=1 (int) is invalid: expected True or False"),
     ({"timeout": 0}, "option timeout=0 (int) is invalid: expected a number > 0 or None"),
     ({"staleness": 2}, "unknown option(s) ['staleness'] for sync='esync'"),
 ])

@@ -4,6 +4,9 @@
 **One Keras step is one ESync round** (hetsync/training/ calls :meth:`ESync.run_step` instead of the compiled
 train function):
 
+0. RUN-BATCH-DATA-TEST (Algorithm 1 line 3, ``batch_data_test=True``), once per State Server (each time ESync is
+   entered): before round 0 the worker times local iterations on real batches, reports the capability with a k = 0
+   query (the paper's first QUERY-STATE) and undoes them, so round 0 is already decided on measured capabilities;
 1. local iterations: the compiled train step (the user's optimizer, the user's loss, one batch each) runs while
    the State Server (hetsync/coordinator/state_server.py, on rank 0's coordinator server) answers NOT-READY.  The
    first iteration of a round asks nothing (Algorithm 2 answers NOT-READY to k = 0 anyway), so every worker takes at
@@ -28,24 +31,43 @@ Choices where the paper is silent (README, "ESync"):
 * The mean is over the workers that trained this round (the flag's sum).  An idle worker (stopped early,
   hetsync/training/) runs only the aggregation, with Δ = 0 and flag 0, so the others' allreduce completes and it
   receives their models (as ``allreduce``'s idle steps do), and it is away for the State Server.
+* RUN-BATCH-DATA-TEST runs three iterations, undone (Algorithm 1 starts round 0 from w_0, line 6), and takes the
+  shorter of the second and third one's durations: the first may include tracing the train step.  They count in no
+  metric.  A model built lazily (no Input layer) gets its variables in an extra first iteration, whose update stays
+  (w_0 is then the average of the workers' models after it).  Custom loops (``hetsync.job_steps``) have no batch
+  test: their round 0 starts with capabilities 0 as before.
+* Each fit's round 0 starts after an allreduce (w_t <- the average): the worker reports t_e = its end with a k = 0
+  query, else the slowest's t_e, from before it, would make it look nearly done and end round 0 after one step.
 * Capability c (Algorithm 1 line 15) is the duration of the worker's last local iteration, an injected slowdown
   included (keras_callbacks.Slowdown sleeps per local iteration in this mode).  In non-blocking mode it includes the
   last query's round-trip time (§4.2).
 * ``non_blocking=True`` (§4.2, delayed ACK): the query goes out without waiting and the worker keeps taking local
-  iterations; the answer is read after each iteration.  A Keras step cannot be aborted mid-way, so the iteration in
-  flight when READY arrives completes and its update is part of Δ (the paper aborts it); fast workers may therefore
-  take one iteration more per round than in blocking mode.
+  iterations; the answer is read after each iteration.  ``on_ready`` says what becomes of the iteration in flight
+  when READY arrives:
+
+  - ``"abort"`` (§4.2: "aborts the current (k + δ)-th iteration immediately and starts to perform aggregation based
+    on iterations 1 to k + δ - 1").  A compiled Keras step cannot be interrupted, so the exact equivalent for the
+    model is done: the worker snapshots the model, optimizer and metric variables before each iteration that runs
+    while a query is in flight, and when the READY answer arrived before that iteration ended it restores them: the
+    Δ aggregated is the model at READY time, the iteration counts nowhere (k, optimizer.iterations, metrics, the
+    capability).  What cannot be had is the paper's time saving: the iteration's compute has been spent, and its
+    batch is consumed;
+  - ``"finish"`` (ours): the iteration in flight completes and its update is part of Δ, so a fast worker may take
+    one iteration more per round than in blocking mode.  It keeps the work the paper throws away.
+
+  Blocking mode has no iteration in flight when the answer comes: ``on_ready`` does nothing there.
 * w_t starts, at each ``fit``'s first step, as the average of the workers' models (so ranks that were not
   broadcast start together), and follows every sync point's consensus.
 """
 import itertools
+import logging
 import time
 
 import tensorflow as tf
 
 from hetsync.algorithms import register
 from hetsync.algorithms.options import TIMEOUT, Option
-from hetsync.algorithms._wrap import wrap_post_update
+from hetsync.algorithms._wrap import build_slots, wrap_post_update
 from hetsync.algorithms.base import SyncAlgorithm
 
 _WRAPS = itertools.count()
@@ -58,7 +80,12 @@ class ESync(SyncAlgorithm):
     OPTIONS = {
         "global_lr": Option(1.0, "number", minimum=0, above=True, doc="the global learning rate of eq. 7"),
         "epsilon": Option(0.005, "number", minimum=0, doc="seconds of slack in the State Server's decision"),
-        "non_blocking": Option(False, "bool", doc="aggregate with the engine's non-blocking allreduce"),
+        "non_blocking": Option(False, "bool", doc="§4.2's delayed ACK: keep iterating while the query is in flight"),
+        "on_ready": Option("finish", choices=("finish", "abort"),
+                           doc="non-blocking mode, READY during an iteration: 'abort' discards it (§4.2), 'finish' "
+                               "keeps its update (ours)"),
+        "batch_data_test": Option(True, "bool", doc="RUN-BATCH-DATA-TEST before round 0 (Algorithm 1 line 3): "
+                                                    "round 0 decided on measured capabilities"),
         "timeout": TIMEOUT,
     }
     LOCAL_ITERATIONS = True  # one Keras step runs run_step (several local iterations)
@@ -88,6 +115,7 @@ class ESync(SyncAlgorithm):
         self.local_hooks = []          # callbacks with on_local_iteration_begin/_end (the training layer sets them)
         self.model = None
         self._round, self._c, self._rtt, self._slowest_last = 0, 0.0, 0.0, -1
+        self._tested, self.aborted = False, 0  # batch test done for this State Server; iterations aborted (§4.2)
         self._job_steps = 0
         self._fresh, self._exhausted, self._idle = True, False, False
         self._aggregate_fn, self._globals, self._built_for = None, None, None
@@ -114,41 +142,115 @@ class ESync(SyncAlgorithm):
     # -- one Keras step = one round -----------------------------------------------------------------------------
     def run_step(self, train_function, iterator):
         """Local iterations while NOT-READY, roll call, aggregation, reset; returns the last iteration's logs."""
-        if self._fresh and self.model.built:
-            self._start_fit()
+        if self._fresh:
+            self._begin_fit(train_function, iterator)
         logs, k = None, 0
         future, asked_at = None, None
         iterations = []
+        non_blocking = self.options["non_blocking"]
         while not self._exhausted:
             if k > 0:
-                if self.options["non_blocking"]:
+                if non_blocking:
                     future, asked_at, ready = self._poll(future, asked_at, k)
                 else:
                     ready = self.client.query(k, self._c, self._t_e)
                 if ready:
                     break
-            began = time.monotonic()
-            for hook in self.local_hooks:
-                hook.on_local_iteration_begin()
+            saved = self._snapshot() if future is not None and self.options["on_ready"] == "abort" else None
             try:
-                logs = train_function(iterator)
+                out, took = self._iterate(train_function, iterator)
             except (tf.errors.OutOfRangeError, StopIteration):
                 if k == 0:
                     raise  # as in any mode: Keras ends the epoch
                 self._exhausted = True
                 break
-            for hook in self.local_hooks:
-                hook.on_local_iteration_end()
-            self._t_e = time.monotonic()
-            self._iteration_s[0] += self._t_e - began
-            self._iteration_s[1] += 1
-            iterations.append(self._t_e - began)
-            self._c = self._t_e - began + (self._rtt if self.options["non_blocking"] else 0.0)
+            iterations.append(took)
+            if saved is not None and self._ready_during(future, self._t_e):
+                self._restore(saved)  # §4.2: READY came while it ran -- it never happened
+                self.aborted += 1
+                break
+            logs = out
+            self._c = took + (self._rtt if non_blocking else 0.0)
             k += 1
         self.steps_per_round.append(k)
         self._round_iterations = iterations
         self._finish_round(active=1.0, steps=k)
         return logs if logs is not None else self._metric_logs()
+
+    def _iterate(self, train_function, iterator, count=True):
+        """One local iteration (Algorithm 1 lines 10-14) with the per-iteration hooks; returns (logs, seconds).
+        ``count``: into the mean iteration time (not the batch test's: its first may be a trace)."""
+        began = time.monotonic()
+        for hook in self.local_hooks:
+            hook.on_local_iteration_begin()
+        logs = train_function(iterator)
+        for hook in self.local_hooks:
+            hook.on_local_iteration_end()
+        self._t_e = time.monotonic()
+        if count:
+            self._iteration_s[0] += self._t_e - began
+            self._iteration_s[1] += 1
+        return logs, self._t_e - began
+
+    def _ready_during(self, future, ended):
+        """§4.2: did a READY answer to the query in flight arrive before the iteration that just ended did?"""
+        if not future.done():
+            return False
+        if getattr(future, "answered_at", ended) > ended:  # it came after the iteration: nothing was in flight
+            return False
+        return future.exception() is None and bool(future.result().ready)
+
+    # -- RUN-BATCH-DATA-TEST and the abort's snapshots -------------------------------------------------------------
+    def _begin_fit(self, train_function, iterator):
+        """A fit's first round: the batch test (once per State Server), then w_t <- the workers' average (an
+        allreduce: a barrier), then a k = 0 query with t_e = the barrier's end, where round 0 starts: a t_e from
+        before it (the test's, the last fit's reset) would make the slowest look nearly done, as tracing and
+        waiting at the barrier took seconds, and end round 0 after one step everywhere.  A model still unbuilt
+        without the test starts w_t at the first round's end (_finish_round)."""
+        if self.options["batch_data_test"] and not self._tested:
+            self._batch_data_test(train_function, iterator)
+        if self.model.built:
+            self._build(self.model)
+            self._start_fit()
+            self.client.query(0, self._c, self._t_e)
+
+    def _batch_data_test(self, train_function, iterator):
+        """Algorithm 1 line 3, c <- RUN-BATCH-DATA-TEST(b), then line 8's first QUERY-STATE (k = 0: always
+        NOT-READY) reports it, before _start_fit's allreduce: every worker's capability is on the State Server
+        before anyone's round 0 asks it anything.  The iterations are undone (line 6: round 0 starts from w_0).
+        The first may trace the train step: c is the shorter of the next two (one iteration disturbed by another
+        process would make a fast worker the "slowest" for all of round 0).  A lazily built model gets its
+        variables in an extra first iteration, kept (nothing to restore it to)."""
+        if not self.model.built:
+            self._iterate(train_function, iterator, count=False)
+        saved = self._snapshot()
+        took = min([self._iterate(train_function, iterator, count=False)[1] for _ in range(3)][1:])
+        self._restore(saved)
+        self._c, self._tested = took, True
+        self.client.query(0, self._c, self._t_e)
+        logging.getLogger(__name__).info("ESync RUN-BATCH-DATA-TEST: capability %.4f s", took)
+
+    def _state_variables(self):
+        """What one local iteration changes: the model's variables, the optimizer's (slots, iterations: created
+        first if the optimizer has not run yet) and the metrics' accumulators."""
+        model = self.model
+        optimizer = model.optimizer
+        build_slots(optimizer, model.trainable_variables)
+        opt_vars = optimizer.variables() if callable(optimizer.variables) else optimizer.variables
+        found, seen = [], set()
+        for v in list(model.variables) + list(opt_vars) + [v for m in model.metrics for v in m.variables]:
+            if id(v) not in seen:
+                seen.add(id(v))
+                found.append(v)
+        return found
+
+    def _snapshot(self):
+        return [(v, tf.identity(v.read_value())) for v in self._state_variables()]
+
+    @staticmethod
+    def _restore(saved):
+        for v, value in saved:
+            v.assign(value)
 
     def idle_step(self, train_function, iterator):
         """An idle rank (hetsync/training/) trains nothing: it only takes part in the round's allreduce, with Δ = 0.
@@ -202,7 +304,8 @@ class ESync(SyncAlgorithm):
     def _poll(self, future, asked_at, k):
         """Non-blocking query (§4.2): read the answer if it came, else keep one query in flight.  The worker
         the last answer named the slowest asks and waits: Algorithm 2 answers it READY after any step, so there is
-        nothing to overlap, and an iteration more would delay everyone's aggregation by a whole slow step."""
+        nothing to overlap, and an iteration more would delay everyone's aggregation by a whole slow step.  So
+        does a worker that has had no answer yet (a fresh State Server): it may be the slowest."""
         if future is not None and future.done():
             future, ready = None, self._read(future, asked_at)
             if ready:
@@ -211,7 +314,7 @@ class ESync(SyncAlgorithm):
             asked_at = time.monotonic()
             future = self.client.query_async(k, self._c, self._t_e)
             future.add_done_callback(lambda f: setattr(f, "answered_at", time.monotonic()))
-            if self._slowest_last == self.client.worker:
+            if self._slowest_last in (-1, self.client.worker):
                 return None, None, self._read(future, asked_at)
         return future, asked_at, False
 
@@ -306,7 +409,7 @@ class ESync(SyncAlgorithm):
         from hetsync import _runtime
 
         _runtime.services().install_state_server(float(self.options["epsilon"]))
-        self._round, self._slowest_last = 0, -1
+        self._round, self._slowest_last, self._tested = 0, -1, False
         self._fresh, self._exhausted = True, False
 
     def deactivate(self):
@@ -339,4 +442,4 @@ class ESync(SyncAlgorithm):
         return {"rounds": self._round, "mean_local_steps": sum(rounds) / len(rounds) if rounds else 0.0,
                 "local_steps_last": rounds[-5:], "capability_s": self._c,
                 "mean_iteration_s": self._iteration_s[0] / max(self._iteration_s[1], 1),
-                "mean_blocking_s": sum(block) / len(block) if block else 0.0}
+                "mean_blocking_s": sum(block) / len(block) if block else 0.0, "aborted": self.aborted}

@@ -6,7 +6,8 @@ faster worker keeps taking local steps as long as one more step still ends befor
 when the slowest arrives at the aggregation the others are (nearly) there too.
 
 Records (Algorithm 2 line 2): ``(rank, local_iterations k, capability c, last_finish_time t_e, ready, round)``.
-``query(r, k, c, t_e, now)`` (QUERY-STATE) updates r's record and answers
+``query(r, k, c, since_finish, now)`` (QUERY-STATE) updates r's record, with ``t_e = now - since_finish`` (see
+"Clocks" below), and answers
 
 * NOT-READY when ``k == 0`` (every worker takes at least one step per round) or when the slowest worker has not
   started this round yet (it is still in the previous aggregation: "has not completed the PULL");
@@ -14,7 +15,15 @@ Records (Algorithm 2 line 2): ``(rank, local_iterations k, capability c, last_fi
   ``rest_time = c_slowest - (now - t_e_slowest)``: the time until the slowest finishes its current step;
 * NOT-READY otherwise.
 
-``reset(r, round, t_e)`` (RESET-STATE-SERVER) after r's aggregation: ready cleared, k = 0, round advanced.
+``reset(r, round, now, since_finish)`` (RESET-STATE-SERVER) after r's aggregation: ready cleared, k = 0, round
+advanced, ``t_e = now - since_finish``.
+
+Clocks: Algorithm 2 line 8 subtracts a worker's ``t_e`` from the server's ``current_time``, which only means
+something when both are read on one clock.  No worker's clock reaches this class: a worker sends how long ago (on
+its own clock) its last step ended, and the server places that on its own clock when the request arrives, ``t_e =
+now - since_finish``.  Workers and server may then be on different hosts, with unrelated clocks; the error is the
+request's one-way latency (t_e is placed that much late, so rest_time is that much too long: sub-millisecond on the
+loopback this runs on, against steps of tens of milliseconds).
 
 ``arrive(r, round)`` / ``missing(round)``: the aggregation's roll call.  Before the Horovod allreduce of a round a
 worker tells the server it is there and waits (state_service.py, ``StateWait``) until every live worker is there
@@ -25,8 +34,11 @@ Choices where the paper is silent (docs: README, "ESync"):
 
 * The slowest worker is the live worker with the largest capability.  A worker that finished training or is away
   (in a global collective, between epochs; reported by its client) is not a candidate, so nobody waits for it.
-* ``rest_time`` is computed with the server's clock for ``now`` and the worker's ``t_e``: all workers and the
-  server are on one host (the coordinator is loopback-bound), so the clocks are the same monotonic clock.
+* ``t_e`` reaches the server as a duration (``since_finish``), not as the worker's absolute time (above,
+  "Clocks").
+* The capabilities start at 0.  The worker runs Algorithm 1's RUN-BATCH-DATA-TEST before round 0 and reports its
+  ``c`` with a k = 0 query (hetsync/algorithms/esync.py, ``batch_data_test``), so round 0 is decided on measured
+  capabilities; without it round 0 ends after one step everywhere.
 
 Pure Python, no gRPC and no clock of its own (``now`` is passed in), so it is tested alone with hypothesis
 (tests/test_state_server.py).
@@ -41,7 +53,7 @@ class Record:
     rank: int
     k: int = 0              # local iterations in the current round
     c: float = 0.0          # capability: seconds per local iteration (query RTT included in non-blocking mode)
-    t_e: float = 0.0        # when the worker finished its last local iteration
+    t_e: float = 0.0        # when the worker finished its last local iteration, on the server's clock
     ready: bool = False
     round: int = 0          # aggregations this worker has completed
     state: str = "live"     # "live", "away" or "finished"
@@ -73,16 +85,19 @@ class StateServer:
         live = [rec for rec in self.records if rec.state == "live"]
         return max(live, key=lambda rec: (rec.c, -rec.rank)) if live else None
 
-    def query(self, rank, k, c, t_e, now):
-        """QUERY-STATE(r, k, c, t_e): READY (aggregate now) or NOT_READY (take another local step)."""
+    def query(self, rank, k, c, since_finish, now):
+        """QUERY-STATE(r, k, c, t_e): READY (aggregate now) or NOT_READY (take another local step).  ``t_e`` is
+        ``now - since_finish``: the worker's last step ended ``since_finish`` seconds before this request arrived."""
         rec = self._check(rank)
+        if since_finish < 0:
+            raise ValueError(f"worker {rank}: since_finish must be >= 0 seconds, got {since_finish}")
         if rec.state == "finished":
             raise ValueError(f"worker {rank} has finished; it cannot query the State Server again")
         rec.state, rec.heard = "live", float(now)
         if k < rec.k and k != 0:
             raise ValueError(f"worker {rank}: local iterations went back from {rec.k} to {k} without a reset")
         rec.local_steps += max(0, k - rec.k)
-        rec.k, rec.c, rec.t_e = int(k), float(c), float(t_e)
+        rec.k, rec.c, rec.t_e = int(k), float(c), float(now) - float(since_finish)
         rec.queries += 1
         if rec.ready:
             return READY
@@ -96,14 +111,17 @@ class StateServer:
             return READY
         return NOT_READY
 
-    def reset(self, rank, round_, t_e):
-        """RESET-STATE-SERVER(r, t, t_e): r aggregated and starts round ``round_`` at ``t_e``.  Rounds only go
-        forward; they may skip (a worker that was away took part in the aggregations without querying)."""
+    def reset(self, rank, round_, now, since_finish=0.0):
+        """RESET-STATE-SERVER(r, t, t_e): r aggregated and starts round ``round_``; its aggregation ended
+        ``since_finish`` seconds before ``now`` (t_e, on the server's clock).  Rounds only go forward; they may skip
+        (a worker that was away took part in the aggregations without querying)."""
         rec = self._check(rank)
         if round_ <= rec.round:
             raise ValueError(f"worker {rank}: reset to round {round_}, but it is already in round {rec.round}")
-        rec.round, rec.k, rec.ready, rec.t_e = round_, 0, False, float(t_e)
-        rec.heard = max(rec.heard, float(t_e))
+        if since_finish < 0:
+            raise ValueError(f"worker {rank}: since_finish must be >= 0 seconds, got {since_finish}")
+        rec.round, rec.k, rec.ready, rec.t_e = round_, 0, False, float(now) - float(since_finish)
+        rec.heard = max(rec.heard, float(now))
 
     def arrive(self, rank, round_, now):
         """r is at the aggregation of round ``round_`` (it was told READY, or ran out of local steps)."""

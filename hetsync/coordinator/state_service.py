@@ -2,8 +2,11 @@
 Group Generator (same port, same job secret, loopback-bound on one host), and the client each worker uses.
 
 The decisions are :class:`hetsync.coordinator.state_server.StateServer`'s (a plain state machine); this module only
-moves them over the wire, under one lock.  ``now`` for a query is the server's ``time.monotonic()``: the workers
-send their own monotonic times, and on one host both are the same clock.
+moves them over the wire, under one lock.  ``now`` is the server's ``time.monotonic()`` at a request's receipt.
+No absolute time crosses the wire (the paper's Algorithm 2 compares a worker's t_e with the server's clock, a
+one-host assumption): the client API takes the worker's finish times on the worker's own clock, the client sends
+how long ago they were (``since_finish_s``, measured just before sending), and the server places that on its own
+clock (state_server.py, "Clocks").
 """
 import threading
 import time
@@ -42,7 +45,7 @@ class StateServicer(pb2_grpc.StateServerServicer):
     def QueryState(self, request, context):
         def query(server):
             ready = server.query(request.worker, request.local_iterations, request.capability_s,
-                                 request.last_finish_time, self._clock())
+                                 request.since_finish_s, self._clock())
             slow = server.slowest()
             return pb2.StateReply(ready=ready, slowest=-1 if slow is None else slow.rank)
 
@@ -50,7 +53,8 @@ class StateServicer(pb2_grpc.StateServerServicer):
 
     def ResetState(self, request, context):
         return self._call(request, context,
-                          lambda s: s.reset(request.worker, request.round, request.finish_time) or pb2.StateAck())
+                          lambda s: s.reset(request.worker, request.round, self._clock(), request.since_finish_s)
+                          or pb2.StateAck())
 
     def StateAway(self, request, context):
         return self._call(request, context, lambda s: s.away(request.worker) or pb2.StateAck())
@@ -100,29 +104,38 @@ def install(gg_server, size, epsilon):
 
 
 class StateServerClient:
-    """One worker's connection to the State Server; every call has ``timeout`` seconds."""
+    """One worker's connection to the State Server; every call has ``timeout`` seconds.  ``clock`` is the worker's
+    own clock, the one its ``last_finish_time`` / ``finish_time`` arguments are read on: they leave as durations
+    (module docstring), so it need not be the server's."""
 
-    def __init__(self, address, secret, worker, timeout=30.0):
-        self.worker, self.secret, self.timeout = int(worker), secret, float(timeout)
+    def __init__(self, address, secret, worker, timeout=30.0, clock=time.monotonic):
+        self.worker, self.secret, self.timeout, self._clock = int(worker), secret, float(timeout), clock
         self._channel = grpc.insecure_channel(address)
         self._stub = pb2_grpc.StateServerStub(self._channel)
 
+    def _since(self, finished_at):
+        return max(0.0, self._clock() - float(finished_at))
+
+    def _query(self, local_iterations, capability_s, last_finish_time):
+        return pb2.StateQuery(secret=self.secret, worker=self.worker, local_iterations=int(local_iterations),
+                              capability_s=float(capability_s), since_finish_s=self._since(last_finish_time))
+
     def query(self, local_iterations, capability_s, last_finish_time):
-        """QUERY-STATE: True (READY: aggregate now) or False (take another local step)."""
-        reply = self._stub.QueryState(pb2.StateQuery(
-            secret=self.secret, worker=self.worker, local_iterations=int(local_iterations),
-            capability_s=float(capability_s), last_finish_time=float(last_finish_time)), timeout=self.timeout)
-        return reply.ready
+        """QUERY-STATE: True (READY: aggregate now) or False (take another local step).  ``last_finish_time``:
+        when the last local step ended, on this worker's ``clock``."""
+        return self._stub.QueryState(self._query(local_iterations, capability_s, last_finish_time),
+                                     timeout=self.timeout).ready
 
     def query_async(self, local_iterations, capability_s, last_finish_time):
         """§4.2's non-blocking query: a future whose ``result()`` is the StateReply."""
-        return self._stub.QueryState.future(pb2.StateQuery(
-            secret=self.secret, worker=self.worker, local_iterations=int(local_iterations),
-            capability_s=float(capability_s), last_finish_time=float(last_finish_time)), timeout=self.timeout)
+        return self._stub.QueryState.future(self._query(local_iterations, capability_s, last_finish_time),
+                                            timeout=self.timeout)
 
     def reset(self, round_, finish_time):
+        """RESET-STATE-SERVER: the worker starts round ``round_``; its aggregation ended at ``finish_time`` (this
+        worker's ``clock``)."""
         self._stub.ResetState(pb2.StateReset(secret=self.secret, worker=self.worker, round=int(round_),
-                                             finish_time=float(finish_time)), timeout=self.timeout)
+                                             since_finish_s=self._since(finish_time)), timeout=self.timeout)
 
     def wait(self, round_, timeout_s):
         """Arrives at round ``round_``'s aggregation and waits for every live worker (StateWait); grpc.RpcError

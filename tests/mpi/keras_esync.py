@@ -1,12 +1,18 @@
 """Run under horovodrun -np 4: ``sync="esync"`` in Keras' fit with rank 3 5x slower (ESync §3.1, §4).
 
 Checked on every rank:
-- the slow rank takes one local iteration per round, the fast ones about 5 (its per-iteration time / theirs);
+- the slow rank takes one local iteration per round, the fast ones about 5 (its per-iteration time / theirs),
+  from round 0 on: RUN-BATCH-DATA-TEST (Algorithm 1 line 3) put every capability on the State Server before it
+  (without it round 0 ends after one step everywhere);
+- the batch test's iterations were undone: the optimizer counted exactly the rounds' local iterations;
 - after every round (Keras step) every rank holds the same model, bit for bit;
 - the aggregation's arithmetic against numpy: w_{t+1} = w_t + ε·mean_i(w_local_i - w_t) (eqs. 6-8, ε = 0.8),
   with every rank's w_local gathered just before the aggregation;
 - the consensus model reaches a loss target.
-First the same with §4.2's non-blocking query (target and lockstep only), then the blocking run and
+First the same with §4.2's non-blocking query (target and lockstep only), then non-blocking with
+``on_ready="abort"`` (one epoch): a fast rank's iteration in flight when READY arrives is discarded -- the model it
+aggregates is the one after the iteration before, and the optimizer does not count it (under "finish" it is the
+model after the last iteration, checked in the first run), then the blocking run and
 (blocking run only) a second fit in which rank 3 hangs at its 4th step: the others fail within ``timeout``
 with an error naming worker 3, and nobody is left inside a Horovod collective.
 Prints OK rank=R.
@@ -73,47 +79,135 @@ def main():
     """Both variants in one job (one start-up): non-blocking first, then blocking and the hung rank."""
     hvd.init()
     hetsync.init()
-    for non_blocking in (True, False):
-        run(non_blocking)
+    for variant in ("finish", "abort", "blocking"):
+        run(variant)
     print(f"OK rank={hvd.rank()}", flush=True)
     hetsync.shutdown()
 
 
-def run(NON_BLOCKING):  # noqa: N803 (the variant's flag, as the checks below read it)
+class InFlight(tf.keras.callbacks.Callback):
+    """The model after each local iteration of the round (hetsync calls on_local_iteration_end per iteration), and
+    at the aggregation (the wrapped aggregation calls ``at_aggregation``): checks §4.2's rule for the iteration in
+    flight when READY arrived."""
+    hetsync_per_train_step = True
+    per_local_iteration = False
+
+    def __init__(self, algo, on_ready):
+        super().__init__()
+        self.algo, self.on_ready, self.after, self.aborted_seen, self.rounds = algo, on_ready, [], 0, 0
+
+    def on_local_iteration_begin(self, work=1.0):
+        pass
+
+    def on_local_iteration_end(self):
+        self.after.append(flat(self.model))
+
+    def at_aggregation(self, w_local):
+        aborted = self.algo.aborted - self.aborted_seen
+        self.aborted_seen = self.algo.aborted
+        if self.after:  # (the round's iterations; none when a batch test's or fit's start precedes nothing)
+            kept = self.after[-2] if aborted else self.after[-1]
+            assert np.array_equal(w_local, kept), f"{self.on_ready}: the model aggregated is not the expected one"
+            if aborted:
+                assert not np.array_equal(w_local, self.after[-1]), "the aborted iteration changed nothing?"
+        self.after = []
+        self.rounds += 1
+
+
+def wrap_in_flight(algo, hook):
+    inner = algo._aggregate_fn
+
+    def aggregate(active, start, steps):
+        if not start:
+            hook.at_aggregation(flat(algo.model))
+        else:
+            hook.after = []  # the batch test's iterations (undone) and those of a fit's start
+            hook.started = True
+        return inner(active, start, steps)
+
+    algo._aggregate_fn = aggregate
+
+
+def spy_first_query(algo, hook):
+    """Records the worker's first QUERY-STATE (k, c) and whether the fit's start (round 0) had begun."""
+    inner, first = algo.client.query, []
+
+    def query(k, c, finished_at):
+        if not first:
+            first.append((k, c, getattr(hook, "started", False)))
+        return inner(k, c, finished_at)
+
+    algo.client.query = query
+    return first
+
+
+def run(variant):
     rank, size = hvd.rank(), hvd.size()
+    NON_BLOCKING = variant != "blocking"  # noqa: N806 (the checks below read it)
     (x, y, x_test, y_test), build, loss, metrics = task("digits", 0)
     tf.keras.utils.set_random_seed(0)
     model = build()
     # per-rank epochs: one ESync round per Keras step, so every round is checked (job epochs: test_dropin.py)
+    on_ready = variant if NON_BLOCKING else "finish"
     opt = hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.2), sync="esync", non_blocking=NON_BLOCKING,
-                                       global_lr=1.0 if NON_BLOCKING else EPS, job_epochs=False)
+                                       on_ready=on_ready, global_lr=1.0 if NON_BLOCKING else EPS, job_epochs=False)
     model.compile(optimizer=opt, loss=loss, metrics=metrics)
     algo = opt._hetsync_algorithm
     checked = []
+    algo.attach(model, [])  # builds the aggregation so the test can wrap it (fit attaches again)
     if not NON_BLOCKING:
-        algo.attach(model, [])  # builds the aggregation so the test can wrap it (fit attaches again)
         check_aggregation(algo, model, checked)
+    in_flight = InFlight(algo, on_ready)
+    wrap_in_flight(algo, in_flight)
+    first_query = spy_first_query(algo, in_flight)
     lockstep = Lockstep()
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                  keras_callbacks.Slowdown("deterministic", ranks=[SLOW], factor=FACTOR, base_time=BASE),
-                 keras_callbacks.EmulatedCompute(BASE), lockstep]
+                 keras_callbacks.EmulatedCompute(BASE), lockstep, in_flight]
+    epochs = 1 if variant == "abort" else 2
     t0 = time.monotonic()
-    model.fit(shard(x, y, rank, size, 32, 0), steps_per_epoch=12, epochs=2, callbacks=callbacks, verbose=0)
+    model.fit(shard(x, y, rank, size, 32, 0), steps_per_epoch=12, epochs=epochs, callbacks=callbacks, verbose=0)
     took = time.monotonic() - t0
     result = model.evaluate(x_test, y_test, verbose=0, return_dict=True)
     rounds = algo.steps_per_round
     m = algo.metrics()
-    print(f"rank {rank}: {took:.1f} s, loss {result['loss']:.3f}, local steps per round {rounds}, "
-          f"blocking {m['mean_blocking_s']:.3f} s, capability {m['capability_s']:.3f} s", flush=True)
-    assert lockstep.checked == 24 and len(rounds) == 24, (lockstep.checked, rounds)
-    assert NON_BLOCKING or len(checked) == 24, checked
-    steady = rounds[2:]  # round 0: no capability measured yet; round 1: the slow rank's first slow iteration
+    print(f"rank {rank} ({variant}): {took:.1f} s, loss {result['loss']:.3f}, local steps per round {rounds}, "
+          f"blocking {m['mean_blocking_s']:.3f} s, capability {m['capability_s']:.3f} s, aborted {m['aborted']}",
+          flush=True)
+    n = 12 * epochs
+    assert lockstep.checked == n and len(rounds) == n and in_flight.rounds == n, (lockstep.checked, rounds)
+    assert NON_BLOCKING or len(checked) == n, checked
+    # the batch test's iterations and the aborted ones were undone: the optimizer counted the rounds' iterations
+    # (Horovod's broadcast after Keras step 0 gave every rank rank 0's count of round 0)
+    first = int(hvd.broadcast(tf.constant(rounds[0]), 0, name=f"rounds0_{variant}"))
+    assert int(model.optimizer.iterations.numpy()) == first + sum(rounds[1:]), (int(model.optimizer.iterations),
+                                                                                 first, rounds)
+    # RUN-BATCH-DATA-TEST: the first QUERY-STATE (k = 0) carried a measured capability, before round 0 began
+    # (without it: c = 0).  Then round 0 is decided on them: when the measures named the slow rank the slowest
+    # (on a loaded host a fast rank's test can be slower), the fast ranks take several local steps in round 0 --
+    # without the test every fast rank takes exactly one (nobody knows the slow rank is slow).
+    k0, c0, started = first_query[0]
+    assert k0 == 0 and c0 > 0 and not started, first_query
+    caps = hvd.allgather(tf.constant([c0]), name=f"caps_{variant}").numpy()
+    round0 = hvd.allgather(tf.constant([rounds[0]]), name=f"round0_{variant}").numpy()
+    if int(np.argmax(caps)) == SLOW and caps[SLOW] > 2 * max(caps[r] for r in range(size) if r != SLOW):
+        assert max(round0[r] for r in range(size) if r != SLOW) >= 3, f"round 0 local steps: {round0}, c {caps}"
     if rank == SLOW:
-        assert all(k == 1 for k in steady), f"the slowest took more than one local step per round: {steady}"
+        # (non-blocking: a fast rank slowed by another process can be named the slowest for a round; the slow rank
+        # then keeps iterating while its query is in flight)
+        extra = sum(k != 1 for k in rounds)
+        assert extra == 0 or (NON_BLOCKING and extra <= 2), f"the slowest took more than one local step: {rounds}"
+        assert m["aborted"] == 0, m  # the worker named the slowest waits for its answer: nothing in flight
     else:
-        mean = sum(steady) / len(steady)
+        mean = sum(rounds) / len(rounds)
         low, high = (2.5, 8.0) if not NON_BLOCKING else (2.5, 9.0)
-        assert low <= mean <= high, f"rank {rank}: {mean:.2f} local steps per round (expected ~{FACTOR}): {steady}"
+        assert low <= mean <= high, f"rank {rank}: {mean:.2f} local steps per round (expected ~{FACTOR}): {rounds}"
+        if variant == "abort":  # READY arrives during the in-flight iteration (RTT << an iteration): discarded
+            assert m["aborted"] >= n // 2, m
+        else:
+            assert m["aborted"] == 0, m
+    if variant == "abort":
+        return  # one epoch: the lockstep, the rule and the counts above
     target = 1.2
     assert result["loss"] <= target, f"rank {rank}: consensus loss {result['loss']:.3f} > {target}"
     if not NON_BLOCKING:
