@@ -61,7 +61,7 @@ class Hop(DecentralizedAlgorithm):
                                doc="iterations behind every out-neighbour that trigger a jump (None: max_ig // 2)"),
         "node_size": Option(None, ("int", "list"), minimum=1, none=True,
                             doc="workers per machine, or a list of machine sizes (None: the real placement by host)"),
-        "node_links": Option("distinct", choices=topo.LINKS,
+        "node_links": Option("gateway", choices=topo.LINKS,
                              doc="workers joining neighbouring machines: Fig 21 (b) 'gateway', (c) 'distinct' "
                                  "(1 is its older name), or 'all' (ours)"),
         "timeout": TIMEOUT,
