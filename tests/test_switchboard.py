@@ -245,3 +245,40 @@ def test_esync_rounds_give_a_sample_per_local_iteration(n, seed):
         found[per_iteration] = proposal
     assert found[True] is not None and found[True][0] == "eager-solo", found
     assert found[False] is None or found[False][0] != "eager-solo", found
+
+
+class _Recorder:
+    """A policy stand-in that records the sample times the board receives."""
+
+    def __init__(self):
+        self.added = []
+
+    def add(self, rank, t, compute_s):
+        self.added.append((rank, t, compute_s))
+
+    def evaluate(self, now, current_mode):
+        return None
+
+    def switched(self, mode, t):
+        pass
+
+
+def test_sample_times_travel_as_ages_and_land_on_the_boards_clock():
+    """No clock is compared across hosts: a report carries each sample's age on the worker's clock, and the board
+    places it on its own.  Two workers whose monotonic clocks are 1000 s apart, each reporting a sample taken 0.5 s
+    before its report, land at the same board time; a board that took the workers' times as its own would see
+    one of them 1000 s in the future."""
+    import types
+
+    from hetsync.coordinator.switch_service import SwitchServicer, pb2
+
+    owner = types.SimpleNamespace(secret="s3cret")
+    service = SwitchServicer(owner, 2, clock=lambda: 5000.0)
+    owner.switchboard.policy = recorder = _Recorder()
+    owner.switchboard.current = ("allreduce", "{}")
+    for worker, worker_clock in ((0, 10.0), (1, 1010.0)):
+        taken = worker_clock - 0.5
+        msg = pb2.SwitchReportMsg(secret="s3cret", worker=worker, position=1, applied=0, mode="allreduce",
+                                  options_json="{}", sample_age_s=[worker_clock - taken], sample_compute_s=[0.02])
+        service.SwitchReport(msg, None)
+    assert recorder.added == [(0, 4999.5, 0.02), (1, 4999.5, 0.02)]

@@ -2,7 +2,8 @@
 State Server (same port, same job secret, loopback on one host), and the client every rank uses.
 
 The decisions are :class:`hetsync.coordinator.switchboard.SwitchBoard`'s; this module moves them over the wire,
-under one lock.  Report times are the workers' ``time.monotonic()`` (one host, one clock).
+under one lock.  No clock is compared across hosts: a report carries each sample's age (a duration on the worker's
+clock), which the service places on its own clock at receipt (the error is the report's one-way latency).
 """
 import json
 import threading
@@ -48,9 +49,11 @@ class SwitchServicer(pb2_grpc.SwitchBoardServicer):
 
     def SwitchReport(self, request, context):
         def report(board):
-            samples = list(zip(request.sample_time, request.sample_compute_s))
+            received = self._clock()
+            ages = zip(request.sample_age_s, request.sample_compute_s)
+            samples = [(received - max(age, 0.0), c) for age, c in ages]
             d = board.report(request.worker, request.position, request.applied, request.mode or None,
-                             request.options_json or "{}", samples, self._clock(), request.every or 1)
+                             request.options_json or "{}", samples, received, request.every or 1)
             if d is None:
                 return pb2.SwitchDecision(id=0)
             return pb2.SwitchDecision(id=d.id, mode=d.mode, options_json=d.options, at=d.at, by=d.by,
@@ -107,10 +110,12 @@ class SwitchClient:
         return reply.status, reply.pending_mode
 
     def report(self, position, applied, mode, options_json, samples=(), every=1):
-        """The decision this rank has yet to carry out (a SwitchDecision; ``id == 0``: none)."""
+        """The decision this rank has yet to carry out (a SwitchDecision; ``id == 0``: none).  ``samples``:
+        (time.monotonic() on this rank, compute seconds) pairs; they travel as ages."""
+        now = time.monotonic()
         return self._stub.SwitchReport(pb2.SwitchReportMsg(
             secret=self.secret, worker=self.worker, position=int(position), applied=int(applied), mode=mode,
-            options_json=options_json, every=int(every), sample_time=[t for t, _ in samples],
+            options_json=options_json, every=int(every), sample_age_s=[now - t for t, _ in samples],
             sample_compute_s=[c for _, c in samples]), timeout=self.timeout)
 
     def configure(self, policy):
