@@ -234,11 +234,14 @@ class ESync(SyncAlgorithm):
         """What one local iteration changes: the model's variables, the optimizer's (slots, iterations: created
         first if the optimizer has not run yet) and the metrics' accumulators."""
         model = self.model
-        optimizer = model.optimizer
-        build_slots(optimizer, model.trainable_variables)
-        opt_vars = optimizer.variables() if callable(optimizer.variables) else optimizer.variables
+        optimizers = [model.optimizer]
+        inner = getattr(model.optimizer, "inner_optimizer", None)  # mixed precision: the loss-scale wrapper's
+        if inner is not None:
+            optimizers.append(inner)
+        build_slots(optimizers[-1], model.trainable_variables)
+        opt_vars = [v for o in optimizers for v in (o.variables() if callable(o.variables) else o.variables)]
         found, seen = [], set()
-        for v in list(model.variables) + list(opt_vars) + [v for m in model.metrics for v in m.variables]:
+        for v in list(model.variables) + opt_vars + [v for m in model.metrics for v in m.variables]:
             if id(v) not in seen:
                 seen.add(id(v))
                 found.append(v)
