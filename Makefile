@@ -11,7 +11,7 @@ export OMPI_MCA_btl_vader_single_copy_mechanism := none
 export TF_CPP_MIN_LOG_LEVEL := 2
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install build test demo bench clean
+.PHONY: install build test test-cluster demo bench clean
 
 install:
 	bash scripts/install.sh
@@ -20,7 +20,11 @@ build:
 	$(MAKE) -C tf_ops PYTHON=$(abspath $(PY))
 
 test: install
-	$(PY) -m pytest -q -p no:cacheprovider --durations=15 tests
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15 --ignore=tests/test_cluster.py tests
+
+# The 2-host job on an emulated cluster (scripts/cluster.sh; root): work in progress of issue 21, not yet in `test`.
+test-cluster: install
+	$(PY) -m pytest -q -p no:cacheprovider tests/test_cluster.py
 
 demo: install
 	$(PY) examples/benchmark.py --preset demo --out results/demo

@@ -1,9 +1,9 @@
 """Run under mpirun -np 4: one 100,000-step epoch per mode (argument: modes, default all and auto), every rank
-stopping on its own clock (rank r after 2 + 0.5 r seconds of its fit; rank 3 also 5x slower), a user callback
+stopping on its own clock (rank r after 1 + 0.3 r seconds of its fit; rank 3 also 5x slower), a user callback
 calling ``hvd.allreduce`` every 7 batches.
 
 Without an agreed stop step the job would run the whole epoch (about 1,000 s per mode here) or hang.  Checks, per
-mode, on every rank: ``fit`` returns within 30 s of this rank's own stop (the last rank stops 1.5 s after the
+mode, on every rank: ``fit`` returns within 30 s of this rank's own stop (the last rank stops 0.9 s after the
 first: the rest is the job's last steps and the end round, a few seconds on this machine); every rank ran the same
 Keras steps and the same user collectives; one model everywhere.  First, a bad ``steps_per_epoch`` on one rank is
 refused on every rank, naming it, before any collective could hang.  Prints OK rank=R.
@@ -90,7 +90,7 @@ def main():
                                      tf.keras.layers.Dense(10)])
         model.compile(loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       optimizer=hetsync.DistributedOptimizer(tf.keras.optimizers.Adam(0.004), sync=mode))
-        budget, user = Budget(2.0 + 0.5 * rank), UserAllreduce()
+        budget, user = Budget(1.0 + 0.3 * rank), UserAllreduce()
         callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                      keras_callbacks.Slowdown("deterministic", ranks=[3], factor=5.0, base_time=0.005), budget, user]
         before = hetsync.training.position()

@@ -1,0 +1,115 @@
+"""Run on the emulated cluster (scripts/cluster.sh): 2 hosts x 2 ranks, host h2 CPU-throttled (tests/test_cluster.py).
+
+One Keras job as a user writes it (a model built lazily, BatchNorm, Adam, Horovod's broadcast callback, several
+epochs) passes through every sync mode: a SyncMode schedule switches at each epoch start, and one switch is
+requested mid-epoch through the Switch Board (the live flag).  Checked on every rank:
+  - the job really spans two hosts: two host names, Horovod's local_size 2, and the coordinator services (Group
+    Generator, State Server, Switch Board: one gRPC server) bound to the cluster address, not loopback;
+  - the node layout comes from that placement: Hop's machines and Ripples' static schedule see [[0, 1], [2, 3]];
+  - rank 1 stops after epoch 6 (EarlyStopping-style, its own decision): the others go on, nobody waits for it;
+  - every switch happens, at the same steps on every rank, and the job ends with one model on every rank.
+Prints OK rank=R.
+"""
+import hashlib
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+
+import horovod.tensorflow as hvd_tf  # noqa: E402
+import horovod.tensorflow.keras as hvd  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import hetsync  # noqa: E402
+import keras_callbacks  # noqa: E402
+from common import digits, shard  # noqa: E402
+
+STEPS, STOPPER, STOP_AFTER = 6, 1, 6
+SCHEDULE = ["allreduce", "ripples-static", "ripples-smart", "eager-solo", "hop", "esync",
+            ("od-sgd", {"warmup_steps": 2}), "balanced", "eager-majority"]
+MID_EPOCH = ("ripples-random", len(SCHEDULE) - 1, 3)  # (mode, epoch, batch): requested by rank 2 mid-epoch
+
+
+class Stop(tf.keras.callbacks.Callback):
+    """Rank STOPPER decides on its own to stop after epoch STOP_AFTER (as EarlyStopping would)."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        if hvd.rank() == STOPPER and epoch + 1 == STOP_AFTER:
+            self.model.stop_training = True
+
+
+class MidEpochRequest(tf.keras.callbacks.Callback):
+    def __init__(self, switch):
+        super().__init__()
+        self.switch, self.epoch = switch, 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        mode, epoch, at = MID_EPOCH
+        if hvd.rank() == 2 and self.epoch == epoch and batch == at:
+            self.switch.request(mode)
+
+
+def check_placement():
+    from hetsync import _runtime
+    from hetsync.algorithms import create
+
+    hosts = _runtime.hosts()
+    assert len(set(hosts)) == 2 and hvd.local_size() == 2, (hosts, hvd.local_size())
+    address = _runtime.services().address
+    assert not address.startswith(("127.", "localhost")), f"services bound to {address}: not reachable off-host"
+    hop = create("hop", topology="node-allreduce-ring", node_links="gateway")
+    machines = sorted(sorted(r for r, h in enumerate(hosts) if h == host) for host in set(hosts))
+    assert machines == [[0, 1], [2, 3]], machines
+    in_lists = hop.graph()
+    assert set(in_lists[0]) == {1, 2} and in_lists[1] == [0], in_lists  # all-to-all per host, gateways 0 and 2
+    static = create("ripples-static")
+    static.preflight()  # the schedule's node layout, from the same placement
+    assert [static.layout.locals_of(n) for n in range(static.layout.nodes)] == machines, static.layout
+    return hosts, address
+
+
+def checksum(model):
+    flat = np.concatenate([w.ravel() for w in model.get_weights()]).astype(np.float64)
+    return hashlib.sha1(np.round(flat, 6).tobytes()).hexdigest()
+
+
+def main():
+    hvd.init()
+    hetsync.init()
+    rank, size = hvd.rank(), hvd.size()
+    hosts, address = check_placement()
+    x, y, x_test, y_test = digits(0)
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.layers.Dense(32, activation="relu"), tf.keras.layers.BatchNormalization(),
+                                 tf.keras.layers.Dense(10)])  # built lazily, at the first batch
+    opt = hetsync.DistributedOptimizer(tf.keras.optimizers.Adam(0.003), sync=SCHEDULE[0])
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model.compile(optimizer=opt, loss=loss)
+    switch = keras_callbacks.SyncMode(schedule={e: m for e, m in enumerate(SCHEDULE) if e})
+    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), switch, MidEpochRequest(switch), Stop()]
+    before = model.evaluate(x_test, y_test, verbose=0) if model.built else None
+    history = model.fit(shard(x, y, rank, size, 32, 0), steps_per_epoch=STEPS, epochs=len(SCHEDULE), verbose=0,
+                        callbacks=callbacks)
+    assert len(history.history.get("loss", [])) == len(SCHEDULE)  # a stopped rank steps on idle (README)
+    done = [(h["to"], h["position"]) for h in switch.history]
+    everyone = hvd_tf.allgather_object((checksum(model), done))
+    assert len({c for c, _ in everyone}) == 1, f"ranks ended with different models: {everyone}"
+    assert all(d == done for _, d in everyone), f"ranks switched differently: {everyone}"
+    modes = {m for m, _ in done} | {SCHEDULE[0]}
+    assert len(done) == len(SCHEDULE) and len(modes) == len(SCHEDULE) + 1, done  # 8 scheduled + 1 mid-epoch
+    final = model.evaluate(x_test, y_test, verbose=0)
+    assert np.isfinite(final) and final < 1.5, final
+    print(f"rank {rank} on {hosts[rank]} (services at {address}): {len(done)} switches, final loss {final:.3f}"
+          f"{'' if before is None else f' (from {before:.3f})'}", flush=True)
+    print(f"OK rank={rank}", flush=True)
+    hetsync.shutdown()
+
+
+if __name__ == "__main__":
+    main()
