@@ -17,12 +17,14 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+from common import Progress, run_streamed  # noqa: E402
 SCRIPT = os.path.join(HERE, "horovod_keras_mnist.py")
 LOOP_SCRIPT = os.path.join(HERE, "horovod_tf2_mnist.py")  # --loop: Horovod's TF2 custom loop
 MODES = ["allreduce", "balanced", "ripples-smart", "ripples-random", "ripples-static", "eager-solo", "eager-majority",
@@ -53,7 +55,8 @@ def parse_run(run):
 
 
 def launch(workers, run, args, out_dir):
-    """One job; returns (exit code, wall seconds, the tail of its output)."""
+    """One job, printing rank 0's output lines as they come; returns (exit code, wall seconds, the tail of its
+    output)."""
     mode, options, extra = parse_run(run)
     common = ["--sync", mode, "--sync-options", json.dumps(options), "--compute", str(args.compute),
               "--summary-dir", out_dir, "--seed", str(args.seed), *extra]
@@ -73,13 +76,13 @@ def launch(workers, run, args, out_dir):
     else:
         script = [SCRIPT, "--epochs", str(args.epochs), "--steps-per-epoch", str(args.steps // workers),
                   "--base-time", str(args.compute)]
-    cmd = ["mpirun", "-np", str(workers), "--oversubscribe", "--bind-to", "none", sys.executable, *script, *common]
+    cmd = ["mpirun", "-np", str(workers), "--oversubscribe", "--bind-to", "none", "--tag-output", sys.executable,
+           *script, *common]
     env = dict(os.environ, **MPI_ENV)
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     began = time.monotonic()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=args.job_timeout)
+    proc = run_streamed(cmd, cwd=ROOT, env=env, timeout=args.job_timeout)
     with open(os.path.join(out_dir, "output.txt"), "w") as f:
         f.write(proc.stdout)
     return proc.returncode, time.monotonic() - began, proc.stdout[-3000:]
@@ -155,27 +158,29 @@ def main(argv=None):
     workers = [int(w) for w in args.workers.split(",")]
     modes = args.modes.split(";")
     cases = [(n, m) for n in workers for m in modes]
-    rows, began = [], time.monotonic()
-    for i, (n, mode) in enumerate(cases, 1):
+    rows = []
+    # before a job has ended: ~20 s of start-up and every step at the slowed worker's pace (Horovod's case)
+    estimate = sum(20 + args.epochs * (args.steps // n) * args.compute * (args.factor if not args.speeds else 1)
+                   for n, _ in cases) / len(cases)
+    progress = Progress(len(cases), estimate_s=estimate)
+    for n, mode in cases:
         slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in mode)
         out_dir = os.path.join(args.out, f"{n}w-{slug}")
         shutil.rmtree(out_dir, ignore_errors=True)
         os.makedirs(out_dir)
+        progress.begin(f"{n} workers {mode}")
         code, wall, tail = launch(n, mode, args, out_dir)
-        elapsed = time.monotonic() - began
-        eta = elapsed / i * (len(cases) - i)
         if code != 0:
-            print(f"[{i}/{len(cases)}] {n} workers {mode}: FAILED (exit {code}) after {wall:.0f} s\n{tail}", flush=True)
+            progress.end(f"{n} workers {mode}: FAILED (exit {code}) after {wall:.0f} s\n{tail}")
             continue
         row = summarize(n, mode, out_dir)
         rows.append(row)
         reached = ""
         if args.stop_at_loss is not None:
             reached = ", target not reached" if row["target_s"] is None else f", target at {row['target_s']:.1f} s"
-        print(f"[{i}/{len(cases)}] {n} workers {mode}: fit {row['fit_s']:.1f} s, accuracy {row['accuracy']:.3f}, "
-              f"first batch {row['first_batch_s']:.1f} s{reached}, train steps {row['train_steps']}"
-              f"{'' if row.get('shares') is None else ', shares ' + str(row['shares'])} (job {wall:.0f} "
-              f"s; ETA {eta / 60:.1f} min)", flush=True)
+        progress.end(f"{n} workers {mode}: fit {row['fit_s']:.1f} s, accuracy {row['accuracy']:.3f}, "
+                     f"first batch {row['first_batch_s']:.1f} s{reached}, train steps {row['train_steps']}"
+                     f"{'' if row.get('shares') is None else ', shares ' + str(row['shares'])}")
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"args": vars(args), "rows": rows}, f, indent=1)
     text = table(rows)

@@ -28,6 +28,7 @@ sys.path.insert(0, HERE)
 from bench_eager import (Progress, chosen_parts, first_time, parser, plot_parts, train, warm,  # noqa: E402
                          write_results)
 from benchmark import mean_curve  # noqa: E402
+from common import curve_style  # noqa: E402
 
 PARTS = ("esync", "od-sgd")
 PROFILES = {"1:1:1:5": "1,1,1,5", "1:2:3:5": "1,2,3,5"}
@@ -62,7 +63,7 @@ def rate_after(curves, step):
 
 
 def run(args, label, mode, log, extra, progress, after=None):
-    summaries, curves = train(args, mode, "digits", os.path.join(args.out, log), extra)
+    summaries, curves = train(args, mode, "digits", os.path.join(args.out, log), extra, progress)
     acc = mean_curve(curves, 2)
     start = warm(curves, args)
     reached = first_time(acc, lambda v: v >= args.target_accuracy)
@@ -74,6 +75,16 @@ def run(args, label, mode, log, extra, progress, after=None):
     progress.step(f"{label}: {r['steps_per_s']:.2f} steps/s, time to accuracy {args.target_accuracy}: "
                   f"{_secs(r['time_to_target'])}, final accuracy {r['accuracy']:.3f}")
     return r, [(t - start, v) for t, v in acc]
+
+
+def esync_style(i, label):
+    """esync_od.png's lines: in the esync panel one colour and marker per run, solid for capacities 1:1:1:5 and
+    dashed for 1:2:3:5 (the two allreduce curves coincide at first); elsewhere common.curve_style."""
+    profile, _, run = label.partition(" ")
+    if profile not in PROFILES:
+        return curve_style(i)
+    k = [r[0] for r in ESYNC_RUNS].index(run) if run in [r[0] for r in ESYNC_RUNS] else i
+    return curve_style(k, linestyle="-" if profile == list(PROFILES)[0] else "--")
 
 
 def esync_runs(args):
@@ -212,7 +223,7 @@ def main(argv=None):
         results[part], curves[part] = (esync_part if part == "esync" else od_part)(args, progress)
     text = markdown(results, args)
     write_results(args, results, text)
-    plot_parts(curves, PARTS, os.path.join(args.out, "esync_od.png"), "test accuracy", width=6.0)
+    plot_parts(curves, PARTS, os.path.join(args.out, "esync_od.png"), "test accuracy", width=6.0, style=esync_style)
     print(text)
 
 

@@ -66,7 +66,7 @@ def run_part(part, runs, args, progress):
         for opt in options:
             extra += ["--sync-option", opt]
         tag = label.replace(" ", "_").replace("(", "").replace(")", "").replace("=", "")
-        summaries, c = train(args, mode, "digits", os.path.join(args.out, f"{part}-{tag}"), extra)
+        summaries, c = train(args, mode, "digits", os.path.join(args.out, f"{part}-{tag}"), extra, progress)
         loss = mean_curve(c, 1)
         start = warm(c, args)
         reached = first_time(loss, lambda v: v <= args.target_loss)

@@ -74,7 +74,7 @@ def run(args, label, mode, extra, progress, scenario="changing"):
         slowdown += ["--scenario", "changing", "--phase-steps", str(args.phase_steps)]
     else:
         slowdown += [a.format(last=args.workers - 1) for a in STATIONARY[scenario]]
-    summaries, curves = train(args, mode, "digits", log_dir, slowdown + extra)
+    summaries, curves = train(args, mode, "digits", log_dir, slowdown + extra, progress)
     loss = mean_curve(curves, 1)  # rows: time, loss, accuracy, step
     start = warm(curves, args)
     reached = first_time(loss, lambda v: v <= args.target_loss)

@@ -20,12 +20,14 @@ import glob
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+from common import Progress, curve_style, log_axis, run_streamed  # noqa: E402
 
 PRESETS = {
     # make demo: 4 workers, one slowed 5x, Horovod vs static and smart Ripples.
@@ -38,7 +40,8 @@ SCENARIOS = {"homogeneous": None, "2x": 2.0, "5x": 5.0}
 
 
 def launch(workers, mode, factor, args, log_dir, sync_options):
-    """Runs one training job; returns its wall time.  Raises with the job's output when it fails."""
+    """Runs one training job, printing rank 0's output lines as they come; returns its wall time.  Raises with the
+    job's output when it fails."""
     os.makedirs(log_dir, exist_ok=True)
     cmd = ["horovodrun", "--mpi", "-np", str(workers), "-H", f"localhost:{workers}",
            sys.executable, os.path.join(HERE, "train.py"), "--sync", mode, "--task", args.task,
@@ -50,9 +53,9 @@ def launch(workers, mode, factor, args, log_dir, sync_options):
         cmd += ["--slowdown", "deterministic", "--slow-ranks", str(workers - 1), "--factor", str(factor)]
     env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     start = time.time()
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=args.job_timeout)
+    proc = run_streamed(cmd, env=env, cwd=ROOT, timeout=args.job_timeout)
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-8000:]}")
     return time.time() - start
 
 
@@ -142,6 +145,7 @@ def plot(curves, out, target):
     import matplotlib.pyplot as plt
 
     workers = sorted({key[0] for key in curves})
+    modes = sorted({key[2] for key in curves})
     scenarios = [s for s in SCENARIOS if any(key[1] == s for key in curves)]
     fig, axes = plt.subplots(len(workers), len(scenarios), figsize=(5.5 * len(scenarios), 4 * len(workers)),
                              squeeze=False)
@@ -149,17 +153,27 @@ def plot(curves, out, target):
         for col, scenario in enumerate(scenarios):
             ax = axes[row][col]
             for (w, sc, mode), curve in sorted(curves.items()):
-                if (w, sc) == (n, scenario) and curve:
-                    ax.plot([t for t, _ in curve], [loss for _, loss in curve], label=mode)
+                if (w, sc) == (n, scenario) and curve:  # a mode's style is the same in every panel
+                    ax.plot([t for t, _ in curve], [loss for _, loss in curve], label=mode,
+                            **curve_style(modes.index(mode)))
             ax.axhline(target, color="gray", linestyle="--", linewidth=1, label="target")
-            ax.set(title=f"{n} workers, {scenario}", xlabel="wall time (s)", ylabel="mean local test loss",
+            slow = "no worker slowed" if SCENARIOS[scenario] is None else f"worker {n - 1} {scenario} slower throughout"
+            ax.set(title=f"{n} workers, {scenario} ({slow})", xlabel="wall time (s)", ylabel="mean local test loss",
                    yscale="log")
+            ax.set_xlim(left=0)
+            log_axis(ax)
             ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "loss_vs_time.png"), dpi=100)
 
 
-def run_case(n, scenario, mode, args):
+def job_estimate(args, factor):
+    """A first guess of one job's seconds, for the ETA before a job has ended: ~15 s of start-up (processes,
+    TensorFlow, Horovod's first negotiations) and every step at the slowed worker's pace (the allreduce case)."""
+    return 15 + args.steps * args.compute_time * (factor or 1.0) * 1.2
+
+
+def run_case(n, scenario, mode, args, progress=None):
     """Runs (or, with --from-logs, re-reads) one job; returns (table row, loss curve) or None if absent."""
     log_dir = os.path.join(args.out, "logs", f"{n}w-{scenario}-{mode}")
     if args.from_logs:
@@ -167,13 +181,21 @@ def run_case(n, scenario, mode, args):
             return None
         wall = float("nan")
     else:
-        print(f"[bench] {n} workers, {scenario}, {mode} ...", flush=True)
+        if progress is None:
+            print(f"[bench] {n} workers, {scenario}, {mode} ...", flush=True)
+        else:
+            progress.begin(f"{n} workers, {scenario}, {mode}")
         shutil.rmtree(log_dir, ignore_errors=True)
         options = [] if mode == "allreduce" else args.sync_option
         wall = launch(n, mode, SCENARIOS[scenario], args, log_dir, options)
     row, curve = summarize(n, scenario, mode, log_dir, wall, args.target)
-    print(f"[bench]   {n} workers, {scenario}, {mode}: time to target {row['time_to_target_s']}, "
-          f"steps/s {row['steps_per_s']}, final loss {row['final_loss']}", flush=True)
+    ttt = row["time_to_target_s"]
+    done = (f"{n} workers, {scenario}, {mode}: time to target {'not reached' if ttt is None else f'{ttt:.1f} s'}, "
+            f"steps/s {row['steps_per_s']}, final loss {row['final_loss']}")
+    if progress is None:
+        print(f"[bench]   {done}", flush=True)
+    else:
+        progress.end(done)
     return row, curve
 
 
@@ -202,10 +224,13 @@ def main(argv=None):
     args.steps = args.steps or preset["steps"]
     os.makedirs(args.out, exist_ok=True)
     rows, curves = [], {}
+    jobs = [(n, scenario, mode) for n in workers for scenario in scenarios for mode in modes]
+    estimate = sum(job_estimate(args, SCENARIOS[scenario]) for _, scenario, _ in jobs) / len(jobs)
+    progress = None if args.from_logs else Progress(len(jobs), estimate_s=estimate)
     for n in workers:
         for scenario in scenarios:
             for mode in modes:
-                result = run_case(n, scenario, mode, args)
+                result = run_case(n, scenario, mode, args, progress)
                 if result is not None:
                     rows.append(result[0])
                     curves[(n, scenario, mode)] = result[1]

@@ -117,7 +117,14 @@ def main(argv=None):
         callbacks.append(changing_scenario(args, rank, size, steps))
     if args.report_dir:
         callbacks.append(keras_callbacks.HeterogeneityReport(args.report_dir, every_s=0.5))
-    evaluator = EvalLogger(x_test, y_test, loss, args.eval_every, t0, log_path, rank)
+        if args.scenario == "changing" and rank == 0:  # for `hetsync report` to hatch them
+            from hetsync.report import write_phases
+
+            phase = args.phase_steps or max(steps // 3, 1)
+            write_phases(args.report_dir, [(phase, 2 * phase, f"rank {size - 1} {args.factor:g}x slower"),
+                                           (2 * phase, steps, "random 6x slowdowns")])
+    evaluator = EvalLogger(x_test, y_test, loss, args.eval_every, t0, log_path, rank,
+                           print_every=max(steps // 4, 1) if rank == 0 else 0, total=steps)
     callbacks += [evaluator, keras_callbacks.Consensus(every=None)]
 
     model.fit(shard(x_train, y_train, rank, size, args.batch_size, args.seed), steps_per_epoch=steps, epochs=1,
@@ -126,7 +133,7 @@ def main(argv=None):
     result = model.evaluate(x_test, y_test, verbose=0, return_dict=True)
     summary = {"rank": rank, "size": size, "sync": args.sync, "steps": steps, "train_time_s": train_time,
                "steps_per_s": steps / train_time, "consensus_loss": result["loss"],
-               "consensus_accuracy": result.get("accuracy"), "algorithm": model.optimizer._hetsync_algorithm.metrics(),
+               "consensus_accuracy": result.get("accuracy"), "algorithm": hetsync.metrics(model),
                "samples": int(model.optimizer.iterations.numpy()) * args.batch_size}
     weights = np.concatenate([w.ravel() for w in model.get_weights()])
     summary["weights_checksum"] = float(np.sum(weights * np.arange(1, weights.size + 1) % 7))
