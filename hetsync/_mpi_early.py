@@ -19,7 +19,9 @@ _STATE = {"lib": None}
 
 def init_before_horovod():
     """MPI_Init_thread(MPI_THREAD_MULTIPLE) when launched by mpirun and MPI is not started yet; else nothing."""
-    if os.environ.get("HETSYNC_EARLY_MPI", "1") == "0" or "OMPI_COMM_WORLD_SIZE" not in os.environ:
+    from hetsync import env
+
+    if env.get("HETSYNC_EARLY_MPI") == "0" or "OMPI_COMM_WORLD_SIZE" not in os.environ:
         return False
     try:
         lib = ctypes.CDLL(LIBRARY, mode=ctypes.RTLD_GLOBAL)

@@ -29,9 +29,20 @@ def available_modes():
     return sorted(_REGISTRY)
 
 
+def canonical(sync):
+    """The registered spelling of a mode name: underscores read as hyphens (``ripples_smart`` is
+    ``ripples-smart``); anything else is returned as given (``create`` then says what is wrong with it)."""
+    return sync.replace("_", "-") if isinstance(sync, str) else sync
+
+
 def create(sync, **options):
-    """Instantiates the algorithm registered as ``sync``; ValueError lists the valid names."""
+    """Instantiates the algorithm registered as ``sync`` (underscores read as hyphens); ValueError lists the valid
+    names and the closest one."""
+    from hetsync.algorithms.options import did_you_mean
+
     _load_all()
-    if not isinstance(sync, str) or sync not in _REGISTRY:
-        raise ValueError(f"unknown sync mode {sync!r}; valid modes: {', '.join(available_modes())}")
-    return _REGISTRY[sync](**options)
+    name = canonical(sync)
+    if not isinstance(name, str) or name not in _REGISTRY:
+        raise ValueError(f"unknown sync mode {sync!r}; valid modes: {', '.join(available_modes())}"
+                         f"{did_you_mean(name, available_modes()) if isinstance(name, str) else ''}")
+    return _REGISTRY[name](**options)

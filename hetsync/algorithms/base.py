@@ -4,7 +4,7 @@
 everything method-specific lives in the algorithm's module.
 """
 from hetsync.algorithms import horovod_kwargs
-from hetsync.algorithms.options import check_all
+from hetsync.algorithms.options import check_all, did_you_mean
 
 
 class SyncAlgorithm:
@@ -57,7 +57,8 @@ class SyncAlgorithm:
             raise ValueError(
                 f"unknown option(s) {unknown} for sync={self.name!r}; valid options: {valid}; and Horovod "
                 f"DistributedOptimizer keyword arguments (accepted by every mode): "
-                f"{', '.join(sorted(horovod_kwargs.NAMES))}")
+                f"{', '.join(sorted(horovod_kwargs.NAMES))}"
+                f"{did_you_mean(unknown, [*self.OPTIONS, *horovod_kwargs.NAMES])}")
         self.options = check_all(f"sync={self.name!r}", self.OPTIONS,
                                  {k: v for k, v in options.items() if k in self.OPTIONS})
         # Horovod's register_local_var: refs of variables that stay this worker's own (no exchange, no consensus

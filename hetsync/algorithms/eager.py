@@ -52,14 +52,19 @@ class EagerSGD(SyncAlgorithm):
     MODE = None
     OPTIONS = {
         "model_sync_every": Option(DEFAULT_MODEL_SYNC_EVERY, "int", minimum=1, none=True,
-                                   doc="batches between mid-epoch model averages (None: epoch ends only)"),
+                                   doc="batches between mid-epoch model averages (None: epoch ends only)",
+                                   paper="eager-SGD §5.1"),
         "model_sync_epochs": Option(1, "int", minimum=1,
-                                    doc="epoch ends between model averages (§5: the paper's is about 10)"),
-        "seed": Option(0, "int", minimum=0, doc="seed of the initiator choice (solo)"),
+                                    doc="epoch ends between model averages (§5: the paper's is about 10)",
+                                    paper="eager-SGD §5"),
+        "seed": Option(0, "int", minimum=0,
+                       doc="shared seed of the initiator sequence (eager-majority; eager-solo does not use it)",
+                       paper="eager-SGD §4.2"),
         "timeout": TIMEOUT,
         "late": Option("accumulate", choices=("accumulate", "latest", "algorithm5"),
                        doc="what a step applies: every round since the last (1/P each), the newest round over its "
-                           "contributors, or the newest round times 1/P (Algorithm 5 line 6)"),
+                           "contributors, or the newest round times 1/P (Algorithm 5 line 6)",
+                       paper="eager-SGD §5 (Algorithm 5)"),
     }
     HOROVOD_REASONS = {
         "device_dense": "it places Horovod's gradient allreduce ops on a device; sync={mode!r} exchanges gradients "

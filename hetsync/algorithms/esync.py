@@ -78,14 +78,18 @@ _WRAPS = itertools.count()
 class ESync(SyncAlgorithm):
     name = "esync"
     OPTIONS = {
-        "global_lr": Option(1.0, "number", minimum=0, above=True, doc="the global learning rate of eq. 7"),
-        "epsilon": Option(0.005, "number", minimum=0, doc="seconds of slack in the State Server's decision"),
-        "non_blocking": Option(False, "bool", doc="§4.2's delayed ACK: keep iterating while the query is in flight"),
+        "global_lr": Option(1.0, "number", minimum=0, above=True, doc="the global learning rate of eq. 7",
+                            paper="ESync §3.1 (eqs. 7-8)"),
+        "epsilon": Option(0.005, "number", minimum=0, doc="seconds of slack in the State Server's decision",
+                          paper="ESync §4.1 (Algorithm 2)"),
+        "non_blocking": Option(False, "bool", doc="§4.2's delayed ACK: keep iterating while the query is in flight",
+                               paper="ESync §4.2"),
         "on_ready": Option("finish", choices=("finish", "abort"),
                            doc="non-blocking mode, READY during an iteration: 'abort' discards it (§4.2), 'finish' "
-                               "keeps its update (ours)"),
+                               "keeps its update (ours)", paper="ESync §4.2"),
         "batch_data_test": Option(True, "bool", doc="RUN-BATCH-DATA-TEST before round 0 (Algorithm 1 line 3): "
-                                                    "round 0 decided on measured capabilities"),
+                                                    "round 0 decided on measured capabilities",
+                                  paper="ESync §3.1 (Algorithm 1)"),
         "timeout": TIMEOUT,
     }
     LOCAL_ITERATIONS = True  # one Keras step runs run_step (several local iterations)

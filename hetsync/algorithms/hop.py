@@ -30,7 +30,7 @@ hetsync/training/) and every session then restarts the queues at iteration 0 fro
 early withdraws; its neighbours stop waiting for it (docs/engine.md, "Hop's queues").
 """
 import itertools
-import sys
+import logging
 
 import tensorflow as tf
 
@@ -40,6 +40,7 @@ from hetsync.algorithms import hop_topology as topo
 from hetsync.algorithms._wrap import wrap_post_update
 from hetsync.algorithms.decentralized import DecentralizedAlgorithm
 
+log = logging.getLogger("hetsync.hop")
 _WRAPS = itertools.count()  # queue set names: the n-th wrapped optimizer of the process (same order on all ranks)
 
 
@@ -49,21 +50,28 @@ class Hop(DecentralizedAlgorithm):
     name = "hop"
     OPTIONS = {
         "topology": Option("ring-based", "list", choices=topo.NAMED,
-                           doc="a named graph or a list of in-neighbour lists"),
-        "max_ig": Option(4, "int", minimum=1, doc="token queue size: the most iterations ahead of a neighbour"),
-        "backup_workers": Option(0, "int", minimum=0, doc="updates per iteration a worker may go without (§4.3)"),
-        "staleness": Option(None, "int", minimum=0, none=True, doc="bounded staleness s (§4.4; None: off)"),
+                           doc="a named graph or a list of in-neighbour lists",
+                           paper="Hop §3.1, §7 (Fig 11, Fig 21)"),
+        "max_ig": Option(4, "int", minimum=1, doc="token queue size: the most iterations ahead of a neighbour",
+                         paper="Hop §4.2"),
+        "backup_workers": Option(0, "int", minimum=0, doc="updates per iteration a worker may go without (§4.3)",
+                                 paper="Hop §4.3"),
+        "staleness": Option(None, "int", minimum=0, none=True, doc="bounded staleness s (§4.4; None: off)",
+                            paper="Hop §4.4"),
         "stale_reduce": Option("received", choices=("received", "newest"),
                                doc="with staleness: Reduce only updates received since the last Reduce (§4.4) "
-                                   "or every neighbour's newest"),
-        "skip": Option(None, "int", minimum=1, none=True, doc="most iterations one jump skips (§5; None: off)"),
+                                   "or every neighbour's newest", paper="Hop §4.4 (eq. 2)"),
+        "skip": Option(None, "int", minimum=1, none=True, doc="most iterations one jump skips (§5; None: off)",
+                       paper="Hop §5"),
         "skip_trigger": Option(None, "int", minimum=0, none=True,
-                               doc="iterations behind every out-neighbour that trigger a jump (None: max_ig // 2)"),
+                               doc="iterations behind every out-neighbour that trigger a jump (None: max_ig // 2)",
+                               paper="Hop §5"),
         "node_size": Option(None, ("int", "list"), minimum=1, none=True,
-                            doc="workers per machine, or a list of machine sizes (None: the real placement by host)"),
+                            doc="workers per machine, or a list of machine sizes (None: the real placement by host)",
+                            paper="Hop §7.3.6 (Fig 21)"),
         "node_links": Option("gateway", choices=topo.LINKS,
                              doc="workers joining neighbouring machines: Fig 21 (b) 'gateway', (c) 'distinct' "
-                                 "(1 is its older name), or 'all' (ours)"),
+                                 "(1 is its older name), or 'all' (ours)", paper="Hop §7.3.6 (Fig 21)"),
         "timeout": TIMEOUT,
     }
 
@@ -115,8 +123,8 @@ class Hop(DecentralizedAlgorithm):
         self.out_lists = topo.out_lists(self.in_lists)
         self.rank = hvd.rank()
         self.spectral_gap = topo.spectral_gap(self.in_lists)
-        if self.rank == 0:
-            print(f"hetsync hop: topology {self._topology_name()}: {topo.describe(self.in_lists)}", file=sys.stderr)
+        log.log(logging.INFO if self.rank == 0 else logging.DEBUG, "hop: topology %s: %s", self._topology_name(),
+                topo.describe(self.in_lists))
         self.queue = f"hop-{next(_WRAPS)}"
         ops_hop.hop_configure(self.queue, self.in_lists[self.rank], self.out_lists[self.rank],
                               self.options["max_ig"], self.options["backup_workers"], self.options["staleness"],

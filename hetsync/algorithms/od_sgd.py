@@ -49,15 +49,17 @@ class ODSGD(IdleContribution, SyncAlgorithm):
     name = "od-sgd"
     STEPPING = "lockstep"
     OPTIONS = {
-        "warmup_steps": Option(100, "int", minimum=0, doc="steps of plain allreduce before the one-step delay"),
-        "local_updater": Option("sgd", choices=LOCAL_UPDATERS, doc="the local updater (§3.3)"),
+        "warmup_steps": Option(100, "int", minimum=0, doc="steps of plain allreduce before the one-step delay",
+                               paper="OD-SGD §4.6"),
+        "local_updater": Option("sgd", choices=LOCAL_UPDATERS, doc="the local updater (§3.3)", paper="OD-SGD §3.3"),
         "local_lr": Option(None, "number", minimum=0, above=True, none=True,
-                           doc="the local updater's learning rate (None: the optimizer's)"),
+                           doc="the local updater's learning rate η (None: the optimizer's current one)",
+                           paper="OD-SGD §3.3"),
         "dc_lambda": Option(None, "number", minimum=0, none=True,
                             doc="DC-ASGD's compensation strength λ (None: §4.3's for the updater: 0.04 for "
-                                "dc-asgd-c, 0.95 for dc-asgd-a)"),
+                                "dc-asgd-c, 0.95 for dc-asgd-a)", paper="OD-SGD §4.3"),
         "mean_square_decay": Option(0.95, "number", minimum=0, maximum=1, below=True,
-                                    doc="DC-ASGD-a's mean-square decay"),
+                                    doc="DC-ASGD-a's mean-square decay m", paper="OD-SGD §3.3"),
         "timeout": TIMEOUT,
     }
     HOROVOD_APPLIED = frozenset(horovod_kwargs.NAMES)

@@ -7,6 +7,7 @@ on every rank: hetsync/training/options.py).  ``sync="auto"`` declares its own s
 (hetsync/optimizer.py).  Checks between options (Hop's ``skip`` needs ``backup_workers`` or ``staleness``) stay in
 each mode's ``validate``.
 """
+import difflib
 import numbers
 
 KINDS = ("int", "number", "bool", "str", "list")
@@ -24,18 +25,20 @@ class Option:
         ``node_links``: 1 or "all").
       none: None is allowed (it means "hetsync decides", e.g. the engine's timeout).
       maximum: the largest allowed value, with ``below=True`` a strict bound.
-      doc: one line for the README's option tables.
+      doc: one line for the option reference (docs/options.md, ``python -m hetsync.docs``); when None is allowed it
+        says what None means.
+      paper: the paper's section the option implements (e.g. "Hop §4.4"), or "" (hetsync's own, or no section).
     """
 
     def __init__(self, default, kind=None, *, minimum=None, above=False, maximum=None, below=False, choices=None,
-                 none=False, doc=""):
+                 none=False, doc="", paper=""):
         kinds = () if kind is None else (kind,) if isinstance(kind, str) else tuple(kind)
         if any(k not in KINDS for k in kinds):
             raise TypeError(f"Option kind must be one or more of {KINDS}, got {kind!r}")
         self.default, self.kinds = default, kinds
         self.minimum, self.above, self.maximum, self.below = minimum, above, maximum, below
         self.choices = tuple(choices) if choices is not None else None
-        self.none, self.doc = none, doc
+        self.none, self.doc, self.paper = none, doc, paper
 
     def expected(self):
         """What a value must be, in words (the error message's "expected ...")."""
@@ -72,7 +75,21 @@ class Option:
 
 
 TIMEOUT = Option(None, "number", minimum=0, above=True, none=True,
-                 doc="seconds one of the mode's waits may block before it fails naming the ranks (None: init's)")
+                 doc="seconds one of the mode's waits may block before it fails naming the ranks (None: hetsync.init's "
+                     "timeout)")
+
+
+def did_you_mean(unknown, valid):
+    """"; did you mean 'x'?": the closest valid name (difflib) to each unknown one, or "" when none is close.
+
+    ``unknown``: one name or a list of names; with several, each hint names the unknown it is for."""
+    names = [unknown] if isinstance(unknown, str) else list(unknown)
+    hints = []
+    for name in names:
+        close = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.6) if isinstance(name, str) else []
+        if close:
+            hints.append(repr(close[0]) if len(names) == 1 else f"{close[0]!r} for {name!r}")
+    return f"; did you mean {', '.join(hints)}?" if hints else ""
 
 
 def _in(value, choices):
@@ -102,6 +119,10 @@ def check(owner, name, option, value):
 
 def check_all(owner, declared, given):
     """Checks every given value against its declaration; returns the defaults updated with ``given``."""
+    unknown = sorted(set(given) - set(declared))
+    if unknown:
+        raise ValueError(f"{owner}: unknown option(s) {unknown}; valid options: {', '.join(sorted(declared))}"
+                         f"{did_you_mean(unknown, declared)}")
     for name, value in given.items():
         check(owner, name, declared[name], value)
     return {**defaults(declared), **given}
@@ -113,8 +134,14 @@ def defaults(declared):
 
 
 def table(declared):
-    """Markdown rows (name, default, expected, doc): the README's option tables come from the declarations."""
-    rows = ["| option | default | allowed | meaning |", "|---|---|---|---|"]
+    """A Markdown table (option, type, default, meaning, paper §) of a declaration: docs/options.md's tables come
+    from the declarations (hetsync/docs.py, ``python -m hetsync.docs``)."""
+    rows = ["| option | type | default | meaning | paper § |", "|---|---|---|---|---|"]
     for name, option in declared.items():
-        rows.append(f"| `{name}` | `{option.default!r}` | {option.expected()} | {option.doc} |")
+        rows.append(f"| `{name}` | {_cell(option.expected())} | `{option.default!r}` | {_cell(option.doc)} | "
+                    f"{_cell(option.paper) or '--'} |")
     return "\n".join(rows)
+
+
+def _cell(text):
+    return str(text).replace("|", "\\|").replace("\n", " ")

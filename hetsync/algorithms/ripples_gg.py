@@ -190,10 +190,11 @@ class GroupGeneratorAlgorithm(DecentralizedAlgorithm):
 
 
 _COMMON = {
-    "group_size": Option(3, "int", minimum=2, doc="workers per P-Reduce group"),
+    "group_size": Option(3, "int", minimum=2, doc="workers per P-Reduce group", paper="Ripples §4.1"),
     "seed": Option(0, "int", minimum=0, doc="the Group Generator's random seed"),
     "ack_timeout": Option(None, "number", minimum=0, above=True, none=True,
-                          doc="seconds the Group Generator waits for a member's acknowledgement (None: timeout)"),
+                          doc="seconds the Group Generator waits for a member's acknowledgement (None: "
+                              "hetsync.init's timeout)"),
     "timeout": TIMEOUT,
 }
 
@@ -205,7 +206,8 @@ class RipplesRandom(GroupGeneratorAlgorithm):
     OPTIONS = dict(_COMMON,
                    group_buffer=Option(True, "bool",
                                        doc="ours: serve a drafted group instead of a new one (§5.1's Group Buffer;"
-                                           " False: §4.1's rule, a fresh group per request)"))
+                                           " False: §4.1's rule, a fresh group per request)",
+                                       paper="Ripples §5.1, §4.1"))
     GG_OPTIONS = ("group_size", "seed", "ack_timeout", "group_buffer")
 
 
@@ -214,13 +216,14 @@ class RipplesSmart(GroupGeneratorAlgorithm):
     name = "ripples-smart"
     GG_MODE = "smart"
     OPTIONS = dict(_COMMON,
-                   c_thres=Option(5, "int", minimum=1, none=True, doc="conflict threshold (§5.3; None: off)"),
-                   inter_intra=Option(True, "bool", doc="Inter-Intra synchronization (§5.2)"),
+                   c_thres=Option(5, "int", minimum=1, none=True, doc="conflict threshold (§5.3; None: off)",
+                                  paper="Ripples §5.3"),
+                   inter_intra=Option(True, "bool", doc="Inter-Intra synchronization (§5.2)", paper="Ripples §5.2"),
                    exclude_laggards=Option(True, "bool",
                                            doc="ours: also leave out workers c_thres behind the fastest (False: "
-                                               "§5.3's filter c_i - c_w < C_thres only)"),
+                                               "§5.3's filter c_i - c_w < C_thres only)", paper="Ripples §5.3"),
                    node_size=Option(None, ("int", "list"), minimum=1, none=True,
                                     doc="workers per machine, or a list of machine sizes, for Inter-Intra (None: "
-                                        "the real placement by host)"))
+                                        "the real placement by host)", paper="Ripples §5.2"))
     GG_OPTIONS = ("group_size", "seed", "ack_timeout", "c_thres", "inter_intra", "exclude_laggards", "node_size")
 

@@ -30,7 +30,7 @@ class RipplesStatic(DecentralizedAlgorithm):
     name = "ripples-static"
     OPTIONS = {"node_size": Option(None, ("int", "list"), minimum=1, none=True,
                                    doc="workers per machine, or a list of machine sizes (None: the real placement "
-                                       "by host)"),
+                                       "by host)", paper="Ripples §4.2 (Fig 10)"),
                "timeout": TIMEOUT}
 
     def preflight(self):

@@ -33,7 +33,7 @@ a mode name or ``(mode, options)``.
 """
 import statistics
 
-from hetsync.algorithms.options import Option, check_all, defaults
+from hetsync.algorithms.options import Option, check_all, defaults, did_you_mean
 
 CLASSES = ("homogeneous", "straggler", "random")
 DEFAULT_CANDIDATES = {"homogeneous": "allreduce", "straggler": "esync", "random": "eager-solo"}
@@ -68,7 +68,7 @@ def normalize_candidates(candidates):
         mode, options = (value, {}) if isinstance(value, str) else tuple(value) if pair else (None, None)
         if not isinstance(mode, str) or not isinstance(options, dict):
             raise ValueError(f"candidates[{cls!r}] must be a mode name or (mode, options dict), got {value!r}")
-        out[cls] = (mode, dict(options))
+        out[cls] = (mode.replace("_", "-"), dict(options))  # "eager_solo" is "eager-solo" (algorithms.canonical)
     return out
 
 
@@ -78,7 +78,8 @@ class AutoPolicy:
     def __init__(self, size, candidates=None, **settings):
         unknown = sorted(set(settings) - set(DEFAULTS))
         if unknown:
-            raise ValueError(f"unknown auto setting(s) {unknown}; valid: {', '.join(sorted(DEFAULTS))}")
+            raise ValueError(f"unknown auto setting(s) {unknown}; valid: {', '.join(sorted(DEFAULTS))}"
+                             f"{did_you_mean(unknown, DEFAULTS)}")
         self.size = int(size)
         self.candidates = normalize_candidates(candidates)
         self.s = check_all("sync='auto'", SETTINGS, settings)

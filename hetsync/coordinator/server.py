@@ -13,7 +13,6 @@ every rank then builds a :class:`~hetsync.coordinator.client.GroupGeneratorClien
 from __future__ import annotations
 
 import ipaddress
-import os
 import secrets as _secrets
 import socket
 import threading
@@ -346,7 +345,9 @@ def start_server(
 
 def _routable_host() -> str:
     """A non-loopback IPv4 address of this host, for multi-node jobs (override: HETSYNC_GG_HOST)."""
-    env = os.environ.get("HETSYNC_GG_HOST")
+    from hetsync import env as hetsync_env
+
+    env = hetsync_env.get("HETSYNC_GG_HOST")
     if env:
         return env
     candidates = []
@@ -403,7 +404,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:  # pragma: no cover - ma
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
-    ap.add_argument("--secret", default=os.environ.get("HETSYNC_GG_SECRET"))
+    from hetsync import env as hetsync_env
+
+    ap.add_argument("--secret", default=hetsync_env.get("HETSYNC_GG_SECRET"))
     args = ap.parse_args(argv)
     opts: dict = {"group_size": args.group_size, "seed": args.seed, "ack_timeout": args.ack_timeout}
     if args.secret:
