@@ -289,12 +289,12 @@ def main():
         "fit_time_s": ends.fit_s, "epoch_end_positions": ends.positions, "first_batch_s": first.seconds,
         "target_reached_s": target.reached_s if target else None, "target_epoch": target.epoch if target else None,
         "iterations": int(model.optimizer.iterations.numpy()), "weights_checksum": checksum,
-        "switches": [(h["from"], h["to"], h["position"]) for h in model.optimizer._hetsync_family.history],
+        "switches": [(h["from"], h["to"], h["position"]) for h in hetsync.switch_history(model)],
         "after_checkpoint_broadcast_checksum": weights_checksum(model),
         "user_allreduces": user.calls if user else 0,
         "stopped_by_budget_at_s": budget.stopped_at if budget else None,
         "engine": hetsync.ops.engine_stats(),
-        "algorithm": opt._hetsync_algorithm.metrics(),
+        "algorithm": hetsync.metrics(opt),
     }
     print(f"rank {rank}: sync={args.sync} epochs={epochs_run} test loss {loss:.4f} acc {acc:.3f} "
           f"iterations {summary['iterations']} train {train_time:.1f}s checksum {checksum}",

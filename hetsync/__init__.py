@@ -12,21 +12,50 @@ from hetsync import _mpi_early
 
 _mpi_early.init_before_horovod()  # noqa: E402 (before anything can call hvd.init(): see _mpi_early.py)
 
-from hetsync._runtime import (  # noqa: E402
-    init,
-    is_initialized,
-    local_rank,
-    local_size,
-    rank,
-    shutdown,
-    size,
-)
-from hetsync.algorithms import available_modes  # noqa: E402
-from hetsync.training.consensus import consensus  # noqa: E402
-from hetsync.optimizer import DistributedOptimizer  # noqa: E402
-from hetsync.training.loop import job_steps  # noqa: E402
+import importlib  # noqa: E402
 
-__version__ = "0.1.0"
+from hetsync._version import __version__  # noqa: E402
+
+# The public names are imported on first use (PEP 562), so that `import hetsync` stays light: `python -m hetsync
+# --version` and the `hetsync` command load no TensorFlow.  `hetsync.init`, `from hetsync import
+# DistributedOptimizer` and `hetsync.algorithms` (any submodule) work as if imported here.  A new public name goes
+# into this table (name -> module), not into an import at the top of this file.
+_PUBLIC = {
+    "init": "hetsync._runtime",
+    "shutdown": "hetsync._runtime",
+    "is_initialized": "hetsync._runtime",
+    "rank": "hetsync._runtime",
+    "size": "hetsync._runtime",
+    "local_rank": "hetsync._runtime",
+    "local_size": "hetsync._runtime",
+    "available_modes": "hetsync.algorithms",
+    "consensus": "hetsync.training.consensus",
+    "DistributedOptimizer": "hetsync.optimizer",
+    "job_steps": "hetsync.training.loop",
+    "metrics": "hetsync.observe",
+    "switch_history": "hetsync.observe",
+    "current_mode": "hetsync.observe",
+}
+
+
+def __getattr__(name):
+    module = _PUBLIC.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value
+    if not name.startswith("__"):
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_PUBLIC))
+
 
 __all__ = [
     "init",
@@ -40,4 +69,7 @@ __all__ = [
     "available_modes",
     "consensus",
     "job_steps",
+    "metrics",
+    "switch_history",
+    "current_mode",
 ]

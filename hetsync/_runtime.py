@@ -5,32 +5,24 @@ MPI that allows several threads (the engine's progress thread talks MPI beside H
 starts the engine on its own duplicated communicator, and, on rank 0, the coordinator services a mode needs.
 """
 import atexit
-import os
 
+from hetsync import env
 from hetsync.algorithms.options import Option, check_all
 
 _STATE = {"initialized": False, "timeout": None, "services": None, "failed": False}
 
-DEFAULT_TIMEOUT_S = 120.0
+DEFAULT_TIMEOUT_S = env.VARS["HETSYNC_TIMEOUT"].default  # 120 s
+# Each default is its environment variable's (hetsync/env.py), used when the argument is None.
 INIT_OPTIONS = {
     "timeout": Option(DEFAULT_TIMEOUT_S, "number", minimum=0, above=True,
                       doc="seconds any blocking wait may last before it fails naming the ranks"),
-    "comm_cache_size": Option(64, "int", minimum=1, doc="communicator cache bound (Ripples §6.1)"),
-    # ops.DEFAULT_AWAY_AFTER_S's value: ops imports nothing from hetsync, and init checks its arguments before
-    # loading the engine, so the literal is repeated here (tests/test_bad_input.py runs init without Horovod)
-    "away_after": Option(0.2, "number", minimum=0, above=True,
+    "comm_cache_size": Option(env.VARS["HETSYNC_COMM_CACHE_SIZE"].default, "int", minimum=1,
+                              doc="communicator cache bound", paper="Ripples §6.1"),
+    # ops.DEFAULT_AWAY_AFTER_S's value (tests/test_docs.py checks): ops imports nothing from hetsync, and init checks
+    # its arguments before loading the engine (tests/test_bad_input.py runs init without Horovod)
+    "away_after": Option(env.VARS["HETSYNC_AWAY_AFTER"].default, "number", minimum=0, above=True,
                          doc="seconds between train steps before peers go on without a rank"),
 }
-
-
-def _from_env(name, kind, default):
-    value = os.environ.get(name)
-    if value is None:
-        return default
-    try:
-        return kind(value)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={value!r} is not a {kind.__name__}") from None
 
 
 def _hvd():
@@ -41,6 +33,11 @@ def _hvd():
 
 def _check_horovod(hvd):
     """Raises a RuntimeError naming what is missing; every rank runs the same checks, so every rank raises."""
+    from hetsync import compat
+
+    refusal = compat.runtime_problem()  # Elastic Horovod (docs/compatibility.md)
+    if refusal:
+        raise RuntimeError(refusal)
     try:
         initialized = hvd.is_initialized()
     except (AttributeError, ValueError):
@@ -70,15 +67,18 @@ def init(timeout=None, comm_cache_size=None, away_after=None):
     if _STATE["initialized"]:
         return
     if timeout is None:
-        timeout = _from_env("HETSYNC_TIMEOUT", float, DEFAULT_TIMEOUT_S)
+        timeout = env.get("HETSYNC_TIMEOUT")
     if comm_cache_size is None:
-        comm_cache_size = _from_env("HETSYNC_COMM_CACHE_SIZE", int, 64)
+        comm_cache_size = env.get("HETSYNC_COMM_CACHE_SIZE")
     if away_after is None:
-        away_after = _from_env("HETSYNC_AWAY_AFTER", float, INIT_OPTIONS["away_after"].default)
+        away_after = env.get("HETSYNC_AWAY_AFTER")
     check_all("hetsync.init", INIT_OPTIONS,
               {"timeout": timeout, "comm_cache_size": comm_cache_size, "away_after": away_after})
     hvd = _hvd()
     _check_horovod(hvd)
+    from hetsync import _logging
+
+    _logging.configure(hvd.rank())  # the "hetsync" logger's defaults, unless the application set it up
     from hetsync import ops
     ops.set_away_after(away_after)
     ops.engine_start(timeout=timeout, cache_size=comm_cache_size)

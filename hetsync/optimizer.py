@@ -1,6 +1,7 @@
 """``hetsync.DistributedOptimizer``: the one line a Horovod Keras script changes."""
+from hetsync import algorithms
 from hetsync.algorithms import horovod_kwargs
-from hetsync.algorithms.options import Option, check_all
+from hetsync.algorithms.options import Option, check_all, did_you_mean
 
 REPORT_EVERY = 8  # sync="auto": steps between a rank's Switch Board reports (switchboard.py, "Report cadence")
 FAMILY_OPTIONS = {  # every mode's
@@ -20,7 +21,8 @@ def DistributedOptimizer(optimizer, sync="allreduce", **options):  # noqa: N802 
       sync: a registered mode (``hetsync.available_modes()`` lists them; ``"allreduce"`` is Horovod's own
         DistributedOptimizer, the baseline), or ``"auto"``: hetsync measures the workers' speeds and switches
         between ``candidates`` as the job's heterogeneity changes (README "sync='auto'").
-      **options: the mode's options (see README); unknown ones raise ValueError listing the valid ones.  With
+      **options: the mode's options (docs/options.md, ``python -m hetsync.docs``); unknown ones raise ValueError
+        listing the valid ones and the closest ("did you mean").  ``sync`` names may use underscores.  With
         ``sync="auto"``: ``candidates`` ({"homogeneous"|"straggler"|"random": mode or (mode, options)}),
         ``window`` (seconds of samples the policy looks at), ``min_interval`` (seconds between switches), the
         policy's thresholds, ``report_every`` (steps between a rank's reports to the Switch Board, 8) and
@@ -31,22 +33,28 @@ def DistributedOptimizer(optimizer, sync="allreduce", **options):  # noqa: N802 
         every rank runs its own ``steps_per_epoch`` train steps per epoch.
 
     Returns:
-      A Keras optimizer to pass to ``model.compile``; its ``_hetsync_algorithm`` is the SyncAlgorithm in use.
+      A Keras optimizer to pass to ``model.compile``.  ``hetsync.current_mode``, ``hetsync.metrics`` and
+      ``hetsync.switch_history`` (of it, or of the model) observe it (hetsync/observe.py).
       After a live switch (keras_callbacks.SyncMode, or auto) ``model.optimizer`` is the mode's optimizer in force,
       holding the same state.
     """
-    from hetsync import training
+    from hetsync import compat, training
     from hetsync.switching import Family
     from hetsync.training import options as agreement
 
     options = dict(options)
+    given, sync = sync, algorithms.canonical(sync)  # "ripples_smart" is "ripples-smart"
     error = None
     try:  # every check that needs no peer, on every rank, before any collective of the set-up
+        _check_sync(given)
         own = check_all("hetsync.DistributedOptimizer", FAMILY_OPTIONS,
                         {k: options.pop(k) for k in list(options) if k in FAMILY_OPTIONS})
         _check_optimizer(optimizer)
         hvd_kwargs = {k: v for k, v in options.items() if k in horovod_kwargs.NAMES}
         mode_options = {k: v for k, v in options.items() if k not in horovod_kwargs.NAMES}
+        refusal = compat.call_problem(sync, hvd_kwargs)  # Keras 3, process sets (docs/compatibility.md)
+        if refusal:
+            raise ValueError(refusal)
         if sync == "auto":
             auto = _auto_settings(mode_options)
         else:
@@ -59,6 +67,16 @@ def DistributedOptimizer(optimizer, sync="allreduce", **options):  # noqa: N802 
     if sync != "auto":
         return Family(optimizer, hvd_kwargs, job_epochs=own["job_epochs"]).start(sync, mode_options)
     return _auto(optimizer, hvd_kwargs, auto, own["job_epochs"])
+
+
+def _check_sync(given):
+    """An unknown ``sync`` is a ValueError listing the valid names, "auto" included, and the closest one
+    (underscores read as hyphens)."""
+    modes = [*algorithms.available_modes(), "auto"]
+    sync = algorithms.canonical(given)
+    if not isinstance(sync, str) or sync not in modes:
+        raise ValueError(f"unknown sync mode {given!r}; valid modes: {', '.join(modes)}"
+                         f"{did_you_mean(sync, modes) if isinstance(sync, str) else ''}")
 
 
 def _check_optimizer(optimizer):
@@ -82,7 +100,8 @@ def _auto_settings(options):
     if unknown:
         raise ValueError(f"unknown option(s) {unknown} for sync='auto'; valid options: "
                          f"{', '.join(sorted([*AUTO_OWN, *SETTINGS, 'candidates']))}; and Horovod "
-                         "DistributedOptimizer keyword arguments")
+                         "DistributedOptimizer keyword arguments"
+                         f"{did_you_mean(unknown, [*AUTO_OWN, *SETTINGS, 'candidates', *horovod_kwargs.NAMES])}")
     own = check_all("sync='auto'", AUTO_OWN, {k: v for k, v in options.items() if k in AUTO_OWN})
     policy_settings = {k: v for k, v in options.items() if k not in AUTO_OWN}
     policy = AutoPolicy(2, **policy_settings)  # checks the settings and candidates (the size does not matter)

@@ -25,7 +25,6 @@ sync="auto" the candidates' steps are traced after the first step (:func:`pretra
 """
 import json
 import logging
-import sys
 import time
 
 import tensorflow as tf
@@ -50,12 +49,13 @@ def key_of(mode, options):
 
 
 def parse_target(value):
-    """A schedule or request value: "mode" or ("mode", {options}) -> (mode, options dict)."""
+    """A schedule or request value: "mode" or ("mode", {options}) -> (mode, options dict); underscores in the
+    name read as hyphens (``algorithms.canonical``)."""
     if isinstance(value, str):
-        return value, {}
+        return algorithms.canonical(value), {}
     if isinstance(value, (tuple, list)) and len(value) == 2 and isinstance(value[0], str) \
             and isinstance(value[1], dict):
-        return value[0], dict(value[1])
+        return algorithms.canonical(value[0]), dict(value[1])
     raise ValueError(f"a sync mode is a name or (name, options dict), got {value!r}")
 
 
@@ -224,9 +224,10 @@ def pretrace(sync_points, iterator):
         finally:
             model.optimizer, model.train_function = optimizer, train_function
         traced.append(mode)
-    if traced and _hvd().rank() == 0 and sync_points.verbose:
-        print(f"hetsync: traced the train steps of {', '.join(traced)} in {time.monotonic() - began:.1f} s "
-              "(sync='auto' candidates)", file=sys.stderr, flush=True)
+    if traced and sync_points.verbose:  # the same on every rank: INFO on rank 0, DEBUG elsewhere
+        log.log(logging.INFO if _hvd().rank() == 0 else logging.DEBUG,
+                "traced the train steps of %s in %.1f s (sync='auto' candidates)", ", ".join(traced),
+                time.monotonic() - began)
     return traced
 
 
@@ -238,6 +239,11 @@ def preflight(family, mode, options):
         entry = family.entries.get(key)
         algorithm = entry.algorithm if entry is not None else family.validate(mode, options)
         algorithm.preflight()
+        from hetsync import compat
+
+        refusal = compat.switch_problem(getattr(family, "fit_model", None), mode)  # docs/compatibility.md
+        if refusal:
+            raise ValueError(refusal)
     except (ValueError, RuntimeError, TypeError) as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
@@ -272,7 +278,7 @@ def refuse(sync_points, mode, options, reason, why, decision_id=None):
               "reason": reason, "position": sync_points.position, "refused": why}
     family.refusals.append(record)
     if _hvd().rank() == 0:
-        log.warning("hetsync: step %s: switch %s -> %s refused on every rank: %s", sync_points.position,
+        log.warning("step %s: switch %s -> %s refused on every rank: %s", sync_points.position,
                     record["from"], mode, why)
     return record
 
@@ -333,10 +339,10 @@ def perform(sync_points, mode, options, reason, decision_id=None):
               "position": sync_points.position, "time": time.time(), "seconds": time.monotonic() - began,
               "traced": traced_here, "drained": drained}
     family.history.append(record)
-    if _hvd().rank() == 0 and sync_points.verbose:
-        print(f"hetsync: step {sync_points.position}: switched {old_entry.mode} -> {mode}"
-              f"{' ' + json.dumps(options) if options else ''} ({reason}) in {record['seconds']:.2f} s",
-              file=sys.stderr, flush=True)
+    if sync_points.verbose:  # the same on every rank: INFO on rank 0, DEBUG elsewhere
+        log.log(logging.INFO if _hvd().rank() == 0 else logging.DEBUG, "step %s: switched %s -> %s%s (%s) in %.2f s",
+                sync_points.position, old_entry.mode, mode, " " + json.dumps(options) if options else "", reason,
+                record["seconds"])
     if not out:
         ops.set_availability(ops.BETWEEN)
     return record

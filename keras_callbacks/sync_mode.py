@@ -12,9 +12,11 @@ before that switch has been carried out on every rank are dropped (``request`` r
 switch's step every rank checks the new mode again (its roll call, hetsync/switching.py): if the check fails on any
 rank, the switch is refused on every rank, recorded in ``refusals``, and training goes on in the mode in force.
 """
-import sys
+import logging
 
 import tensorflow as tf
+
+log = logging.getLogger("hetsync.callbacks")
 
 
 class SyncMode(tf.keras.callbacks.Callback):
@@ -23,7 +25,7 @@ class SyncMode(tf.keras.callbacks.Callback):
     Args:
       schedule: {epoch: mode or (mode, options)}: the mode from that epoch's first step on.  Every rank applies it
         at the same epoch start; nothing is negotiated.  An entry equal to the mode in force does nothing.
-      verbose: rank 0 prints a line per switch (default True).
+      verbose: rank 0 logs a line per switch (logger "hetsync", default True).
     """
 
     def __init__(self, schedule=None, verbose=True):
@@ -58,6 +60,9 @@ class SyncMode(tf.keras.callbacks.Callback):
         pending: this request is dropped) or "unchanged" (that mode with those options is in force).  An unknown
         mode or option raises ValueError here, on this rank only; training goes on as before."""
         options = {**(options or {}), **kwargs}
+        from hetsync.algorithms import canonical
+
+        mode = canonical(mode)  # "ripples_smart" is "ripples-smart"
         family = self._sync_points.family if self._sync_points is not None else None
         _validate(mode, options, family)
         from hetsync import _runtime
@@ -67,7 +72,9 @@ class SyncMode(tf.keras.callbacks.Callback):
         self.requests.append((mode, options, status, pending if status == "superseded" else None))
         if status != "accepted" and self.verbose:
             extra = f" (switch to {pending} pending)" if pending else ""
-            print(f"hetsync: request for {mode!r} {status}{extra}", file=sys.stderr, flush=True)
+            # a dropped request is worth a warning on the rank that made it; "unchanged" is not
+            log.log(logging.WARNING if status == "superseded" else logging.INFO, "request for %r %s%s", mode, status,
+                    extra)
         return status
 
     @property

@@ -83,10 +83,21 @@ def test_min_and_max_share_bound_the_plan():
 def test_balanced_job_replays_union_batch_sgd_follows_speed_and_reports_shares(tmp_path):
     """4 ranks: the final model equals a numpy replay of synchronous SGD on the union of the samples every rank
     computed (from the recorded plans); shares move to the newly slow rank within replan_every + window updates;
-    a rank that stops hands its share over at the next update; the heterogeneity report (and TensorBoard) records
-    each rank's share over time."""
+    a rank that stops hands its share over at the next update; the heterogeneity report (and TensorBoard), placed
+    on rank 0 only, records every rank's share over time, and TensorBoard shows the mode by name."""
+    import tensorflow as tf
+
     proc = run_mpi(4, "tests/mpi/balanced_job.py", tmp_path, timeout=300)
     assert_ok(proc, 4)
+    for rank in range(4):  # rank 0 wrote every rank's records, taken on that rank
+        rows = [json.loads(line) for line in open(tmp_path / "hetsync" / f"rank{rank}.jsonl") if line.strip()]
+        assert rows and all(r["rank"] == rank and r["mode"] == "balanced" for r in rows if r["kind"] == "rate")
+        assert len([r for r in rows if r["kind"] == "rate"]) >= 5, (rank, len(rows))
+    tags = set()
+    for event in (tmp_path / "hetsync" / "rank2").iterdir():
+        for e in tf.compat.v1.train.summary_iterator(str(event)):
+            tags |= {v.tag for v in e.summary.value}
+    assert {"hetsync/mode", "hetsync/mode/balanced", "hetsync/rate"} <= tags, tags
     records = [json.loads(line) for line in open(tmp_path / "hetsync" / "rank3.jsonl") if line.strip()]
     shares = [r["metrics"]["share"] for r in records if r["kind"] == "rate" and "share" in r["metrics"]]
     # 5x slower in phase 1 (a fifth of a fast rank's share), as fast as ranks 1 and 2 in phase 2

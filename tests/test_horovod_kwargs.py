@@ -329,8 +329,9 @@ def test_name_scopes_the_wrapper_ops():
 
 
 # -- real ripples modes, 2 ranks ------------------------------------------------------------------------------------
-def test_ripples_modes_with_horovod_kwargs_under_mpi():
+def test_horovod_kwargs_and_compatibility_under_mpi():
     """ripples-static syncs every second pass with backward_passes_per_step=2, warns on rank 0 only;
-    ripples-random trains with accumulation and sparse_as_dense."""
+    ripples-random trains with accumulation and sparse_as_dense; the compatibility matrix's multi-rank cells
+    (steps_per_execution, SyncBatchNormalization, DistributedGradientTape: tests/mpi/kwargs_ripples.py)."""
     proc = run_mpi(2, "tests/mpi/kwargs_ripples.py", timeout=180)
     assert_ok(proc, 2)

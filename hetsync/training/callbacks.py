@@ -109,6 +109,8 @@ class SyncPoints(tf.keras.callbacks.Callback):
                 self.switch_to(target[0], target[1], f"schedule: epoch {epoch}")
         state.begin_epoch(*(self.epoch_plan or (None, None)))
         state.synced_this_epoch = False
+        if state.report is not None:
+            state.report.epoch = epoch
 
     def on_train_batch_end(self, batch, logs=None):
         state = self.state
@@ -116,6 +118,8 @@ class SyncPoints(tf.keras.callbacks.Callback):
             state.sync_point(mid_epoch=True)
         if self.switching:
             self._report()
+        if state.report is not None:  # the heterogeneity report's records, on every rank (training/report.py)
+            state.report.step(state, logs)
 
     def on_test_begin(self, logs=None):
         if getattr(self.model, "_hetsync_in_fit", False) and not self.state.synced_this_epoch:

@@ -17,7 +17,8 @@ import functools
 import inspect
 import logging
 
-from hetsync.training import options
+from hetsync import compat
+from hetsync.training import options, report
 from hetsync.training.callbacks import StopVote, SyncPoints
 from hetsync.training.rank_state import RankState
 
@@ -31,12 +32,15 @@ def install():
         return
     import tensorflow as tf
 
+    compat.guard_gradient_tape()  # hvd.DistributedGradientTape in a hetsync.job_steps loop (docs/compatibility.md)
+
     original = tf.keras.Model.fit
 
     @functools.wraps(original)
     def fit(self, *args, **kwargs):
         algorithm = getattr(getattr(self, "optimizer", None), "_hetsync_algorithm", None)
         if algorithm is None:
+            compat.horovod_optimizer_warning(self)  # hvd.load_model's Horovod optimizer, in a hetsync process
             return original(self, *args, **kwargs)
         return original(self, **_prepare(original, self, args, kwargs, algorithm))
 
@@ -94,12 +98,30 @@ def _prepare(original, model, args, kwargs, algorithm):
     if own is None and length >= 0:
         own = length
     bad = own is not None and (not isinstance(own, int) or isinstance(own, bool) or own < 1)
-    rows = options.gather("steps_per_epoch", [-3 if bad else (own if own is not None else -1)])
+    reports = user + _report_for_tensorboard(user)
+    report_ms = report.wanted_ms(reports)  # rank 0 alone may have one: every rank feeds it (training/report.py)
+    if family is not None:
+        family.fit_model = model  # a live switch checks the model's features against the new mode (compat.py)
+    refusal = compat.fit_problem(model, compat.fit_modes(family, algorithm, user),
+                                 auto=family is not None and bool(family.auto))
+    per_execution = compat.steps_per_execution(model)
+    rows = options.gather("steps_per_epoch", [-3 if bad else (own if own is not None else -1), report_ms,
+                                              1 if refusal else 0, per_execution])
     steps = [row[0] for row in rows]
     if -3 in steps:  # raised on every rank, after the gather, so no rank is left waiting in a collective
         wrong = [r for r, s in enumerate(steps) if s == -3]
         raise ValueError(f"steps_per_epoch must be a positive int or None; ranks {wrong} passed something else "
                          f"(this rank: {own!r})")
+    refusing = [r for r, row in enumerate(rows) if row[2]]
+    if refusal:
+        raise ValueError(refusal)
+    if refusing:
+        raise ValueError(f"fit refused on rank(s) {refusing}: their model or compile settings are not supported by "
+                         "the sync mode (their error names it; docs/compatibility.md)")
+    if any(row[3] != 1 for row in rows) and len(set(steps)) > 1:
+        raise ValueError(f"steps_per_execution={per_execution if per_execution > 0 else 'auto'} needs the same "
+                         f"steps_per_epoch on every rank (sync='allreduce'), got {steps}: pass equal shards, or "
+                         "compile with steps_per_execution=1")
     if own is None and any(s > 0 for s in steps) or own is not None and any(s < 0 for s in steps):
         raise ValueError(f"steps_per_epoch is known on ranks {[r for r, s in enumerate(steps) if s > 0]} and not "
                          f"on ranks {[r for r, s in enumerate(steps) if s < 0]}: pass steps_per_epoch on every "
@@ -118,8 +140,9 @@ def _prepare(original, model, args, kwargs, algorithm):
         plan = (sum(steps), longest)
         if own < longest and (algorithm.STEPPING == "lockstep" or not state.job_epochs):
             state.own_steps = own  # per-rank epochs: this rank's batches past its own count are idle steps
+    state.report = report.ReportFeed.agreed([row[1] for row in rows])
     head = SyncPoints(state, user, plan)
-    arguments["callbacks"] = [head] + user + _report_for_tensorboard(user) + [StopVote(head)]
+    arguments["callbacks"] = [head] + reports + [StopVote(head)]
     return arguments
 
 

@@ -59,6 +59,12 @@ class JobSteps:
                              f"{type(optimizer).__name__}")
         if self.algorithm.NO_CUSTOM_LOOPS:  # the same mode on every rank: every rank raises, before any collective
             raise ValueError(self.algorithm.NO_CUSTOM_LOOPS)
+        from hetsync import compat
+
+        refusal = compat.loop_problem(optimizer)  # sync="auto" (docs/compatibility.md)
+        if refusal:
+            raise ValueError(refusal)
+        compat.guard_gradient_tape()  # hvd.DistributedGradientTape in this loop: refused or warned
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
             raise ValueError(f"steps must be a positive int (this rank's steps: Horovod's N // size), got {steps!r}")
         self.model, self.optimizer, self.data = model, optimizer, data

@@ -65,6 +65,7 @@ class RankState:
         self.hooks = []           # callbacks acting per train step (keras_callbacks.Slowdown, EmulatedCompute)
         self.clock = StepClock()
         self.after_step = None    # called after the first Keras step (sync="auto": pretrace)
+        self.report = None        # training/report.py ReportFeed, when any rank has a HeterogeneityReport
 
     # -- the state ----------------------------------------------------------------------------------------------
     @property
@@ -261,6 +262,8 @@ class RankState:
         out = self.idle or (mid_epoch and self.out_for_epoch)
         sync_point(self.model, self.algorithm, idle=out, weight=weight, average=average,
                    name=f"hetsync.sync.{self.rounds}")
+        if self.report is not None:  # every rank's report records reach the rank that writes them
+            self.report.exchange(self)
         self.rounds += 1
         self.steps_since_sync = 0
         self.away = False

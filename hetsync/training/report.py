@@ -1,16 +1,28 @@
 """``keras_callbacks.HeterogeneityReport``: what each worker does, for TensorBoard and ``hetsync report``.
 
-Every ``every_s`` seconds (and at each epoch end and the end of ``fit``) each rank writes one record:
+Place it as Horovod users place TensorBoard, on rank 0 only (``if hvd.rank() == 0: callbacks.append(...)``), or on
+every rank: either way rank 0 (the lowest rank that has one) writes every rank's records.  Every ``every_s`` seconds
+(and at each sync point: epoch ends, the end of ``fit``) each rank takes one record:
 
 * its step rate (iterations per second of wall time), its compute rate (iterations per second of compute: the
-  worker's speed, hetsync/training/step_clock.py) and the seconds it waited in hetsync (exchanges, sync points, switches);
+  worker's speed, hetsync/training/step_clock.py) and the seconds it waited in hetsync (exchanges, sync points,
+  switches);
 * the mode in force and, as it happens, each switch with its reason (sync="auto": the policy's evidence);
-* the mode's own counters (``optimizer._hetsync_algorithm.metrics()``: Group Generator conflicts, eager-SGD's NAP,
-  Hop's queue depths and staleness, ESync's local steps, OD-SGD's exposed wait...).
+* the mode's own counters (``hetsync.metrics``: Group Generator conflicts, eager-SGD's NAP, Hop's queue depths and
+  staleness, ESync's local steps, OD-SGD's exposed wait...).
+
+How the records reach the writer: the callback needs no collective of its own (a rank without it never enters
+one).  At the start of each ``fit`` hetsync's training layer learns, in the small gather it makes anyway
+(keras_fit.py), which ranks have a report; then every rank's training layer takes the records (:class:`ReportFeed`,
+after each Keras step) and hands them over at the sync points every rank passes anyway (one Horovod
+``allgather_object`` there, only when some rank has a report).  The writer's own records are written as they are
+taken; the others' arrive at each epoch end (and at the end of ``fit``).
 
 Records go to ``LOG_DIR/hetsync/rank<R>.jsonl`` (``hetsync report LOG_DIR`` turns them into a PNG and a Markdown
-summary) and, as TensorBoard scalars, to ``LOG_DIR/hetsync/rank<R>/`` (tags ``hetsync/...``).  A model trained
-with a user's ``tf.keras.callbacks.TensorBoard`` callback gets this report in that log_dir by itself.
+summary) and to TensorBoard, in ``LOG_DIR/hetsync/rank<R>/``: scalars tagged ``hetsync/...``, the mode in force by
+name (a text summary ``hetsync/mode`` and a scalar ``hetsync/mode/<name>``: 1 while in force, 0 from a switch away,
+written when the mode changes), and the mode's counters as ``hetsync/<mode>/<counter>``.  A model trained with a
+user's ``tf.keras.callbacks.TensorBoard`` callback gets this report in that log_dir by itself.
 """
 import json
 import os
@@ -29,89 +41,158 @@ def _numbers(metrics, prefix=""):
     return out
 
 
+def wanted_ms(callbacks):
+    """This rank's wish for the fit's gather (keras_fit.py): the shortest ``every_s`` of its reports, in ms; 0: none."""
+    every = [cb.every_s for cb in callbacks if getattr(cb, "hetsync_report", False)]
+    return max(1, int(round(min(every) * 1000))) if every else 0
+
+
+class ReportFeed:
+    """One rank's side of the report in one fit, on every rank when any rank has a HeterogeneityReport."""
+
+    def __init__(self, every_s, writer, rank):
+        self.every_s, self.writer, self.rank = float(every_s), int(writer), int(rank)
+        self.epoch = 0
+        self.loss = None
+        self.outbox = []        # this rank's records the writer has not had yet
+        self.inbox = []         # the writer: records (any rank) not written yet
+        self.exchanges = 0
+        self._last = time.monotonic()
+        self._switches = 0
+
+    @classmethod
+    def agreed(cls, wishes):
+        """From every rank's :func:`wanted_ms` (the fit's gather): the feed, or None when no rank has a report."""
+        import horovod.tensorflow as hvd
+
+        wanting = [r for r, ms in enumerate(wishes) if ms > 0]
+        if not wanting:
+            return None
+        return cls(min(wishes[r] for r in wanting) / 1000.0, wanting[0], hvd.rank())
+
+    @property
+    def writes(self):
+        return self.rank == self.writer
+
+    def step(self, state, logs):
+        """After each Keras step (every rank): a record every ``every_s`` seconds."""
+        if logs and "loss" in logs:
+            try:
+                self.loss = float(logs["loss"])
+            except (TypeError, ValueError):
+                pass
+        if time.monotonic() - self._last >= self.every_s:
+            self.take(state)
+
+    def take(self, state):
+        """One record now (and the switches since the last one)."""
+        self._last = time.monotonic()
+        family = state.family
+        records = []
+        history = family.history if family is not None else []
+        for switch in history[self._switches:]:
+            records.append({"kind": "switch", "rank": self.rank, **switch})
+        self._switches = len(history)
+        mode = family.current[0] if family is not None and family.current else state.algorithm.name
+        try:
+            counters = _numbers(state.algorithm.metrics())
+        except Exception as exc:  # noqa: BLE001 (a report must never stop training)
+            counters = {"metrics_error": str(exc)[:200]}
+        records.append({"kind": "rate", "time": time.time(), "rank": self.rank, "epoch": self.epoch,
+                        "position": state.position, "mode": mode, **state.clock.take(), "idle": bool(state.idle),
+                        "loss": self.loss, "metrics": counters})
+        (self.inbox if self.writes else self.outbox).extend(records)
+
+    def exchange(self, state):
+        """At a sync point (collective: every rank, the same points): every rank's records to the writer."""
+        import horovod.tensorflow as hvd
+
+        self.take(state)
+        sent, self.outbox = self.outbox, []
+        everyone = hvd.allgather_object(sent, name=f"hetsync.report.{self.exchanges}")
+        self.exchanges += 1
+        if self.writes:
+            for rank, records in enumerate(everyone):
+                if rank != self.rank:
+                    self.inbox.extend(records)
+
+    def drain(self):
+        out, self.inbox = self.inbox, []
+        return out
+
+
 class HeterogeneityReport(tf.keras.callbacks.Callback):
-    """Writes the heterogeneity report of each rank to ``log_dir`` (see the module docstring)."""
+    """Writes the heterogeneity report of every rank to ``log_dir`` (see the module docstring): on rank 0 only, as
+    Horovod's TensorBoard callback, or on every rank (the lowest rank that has one writes)."""
+
+    hetsync_report = True  # read by hetsync/training/keras_fit.py
 
     def __init__(self, log_dir, every_s=2.0, tensorboard=True):
         super().__init__()
         if not every_s > 0:
             raise ValueError(f"every_s must be > 0 seconds, got {every_s!r}")
         self.log_dir, self.every_s, self.tensorboard = str(log_dir), float(every_s), bool(tensorboard)
-        self._file = self._writer = None
-        self._last = 0.0
-        self._switches_written = 0
+        self._files, self._writers, self._modes = {}, {}, {}
+        self._feed = None
         self.records = 0
 
-    def _open(self):
-        import horovod.tensorflow as hvd
-
-        rank = hvd.rank()
-        folder = os.path.join(self.log_dir, "hetsync")
-        os.makedirs(folder, exist_ok=True)
-        self._file = open(os.path.join(folder, f"rank{rank}.jsonl"), "a", encoding="utf-8")
-        if self.tensorboard:
-            self._writer = tf.summary.create_file_writer(os.path.join(folder, f"rank{rank}"))
-        self.rank = rank
-
     def on_train_begin(self, logs=None):
-        if self._file is None:
-            self._open()
-        self._last = time.monotonic()
-        self._epoch = 0
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._epoch = epoch
+        points = getattr(self.model, "_hetsync_sync_points", None)
+        feed = getattr(points, "report", None)
+        self._feed = feed if feed is not None and feed.writes else None
 
     def on_train_batch_end(self, batch, logs=None):
-        if time.monotonic() - self._last >= self.every_s:
-            self.write(logs)
+        self._write()
 
     def on_epoch_end(self, epoch, logs=None):
-        self.write(logs)
+        self._write()
 
     def on_train_end(self, logs=None):
-        self.write(logs)
-        self._file.flush()
-        if self._writer is not None:
-            self._writer.flush()
+        self._write()
+        for f in self._files.values():
+            f.flush()
+        for w in self._writers.values():
+            w.flush()
 
-    def write(self, logs=None):
-        """One record now (and the switches since the last one)."""
-        points = getattr(self.model, "_hetsync_sync_points", None)
-        if points is None or self._file is None:
+    def _write(self):
+        if self._feed is None:
             return
-        self._last = time.monotonic()
-        family = points.family
-        history = family.history if family is not None else []
-        for record in history[self._switches_written:]:
-            self._emit({"kind": "switch", **record})
-        self._switches_written = len(history)
-        stats = points.clock.take()
-        mode = family.current[0] if family is not None else points.algorithm.name
-        try:
-            counters = _numbers(points.algorithm.metrics())
-        except Exception as exc:  # a report must never stop training
-            counters = {"metrics_error": str(exc)[:200]}
-        record = {"kind": "rate", "time": time.time(), "rank": self.rank, "epoch": self._epoch,
-                  "position": points.position, "mode": mode, **stats, "idle": bool(points.idle),
-                  "loss": float(logs["loss"]) if logs and "loss" in logs else None, "metrics": counters}
-        self._emit(record)
-        if self._writer is not None:
-            self._scalars(record, counters)
+        for record in self._feed.drain():
+            self._emit(record)
+            if record["kind"] == "rate" and self.tensorboard:
+                self._scalars(record)
+
+    def _folder(self):
+        folder = os.path.join(self.log_dir, "hetsync")
+        os.makedirs(folder, exist_ok=True)
+        return folder
 
     def _emit(self, record):
-        self._file.write(json.dumps(record, default=str) + "\n")
-        self._file.flush()
+        rank = record["rank"]
+        if rank not in self._files:
+            self._files[rank] = open(os.path.join(self._folder(), f"rank{rank}.jsonl"), "a", encoding="utf-8")
+        self._files[rank].write(json.dumps(record, default=str) + "\n")
+        self._files[rank].flush()
         self.records += 1
 
-    def _scalars(self, record, counters):
+    def _scalars(self, record):
         from hetsync import algorithms
 
+        rank, mode = record["rank"], record["mode"]
+        if rank not in self._writers:
+            self._writers[rank] = tf.summary.create_file_writer(os.path.join(self._folder(), f"rank{rank}"))
         modes = algorithms.available_modes()
-        with self._writer.as_default(step=record["position"]):
+        with self._writers[rank].as_default(step=record["position"]):
             for key in ("rate", "compute_rate", "wait_s", "sync_s"):
                 tf.summary.scalar(f"hetsync/{key}", record[key])
-            tf.summary.scalar("hetsync/mode_index", modes.index(record["mode"]) if record["mode"] in modes else -1)
-            for key, value in counters.items():
+            tf.summary.scalar("hetsync/mode_index", modes.index(mode) if mode in modes else -1)
+            before = self._modes.get(rank)
+            if mode != before:  # the mode by name, when it changes
+                tf.summary.text("hetsync/mode", tf.constant(mode))
+                tf.summary.scalar(f"hetsync/mode/{mode}", 1)
+                if before is not None:
+                    tf.summary.scalar(f"hetsync/mode/{before}", 0)
+                self._modes[rank] = mode
+            for key, value in record["metrics"].items():
                 if isinstance(value, (int, float)):
-                    tf.summary.scalar(f"hetsync/{record['mode']}/{key}", value)
+                    tf.summary.scalar(f"hetsync/{mode}/{key}", value)

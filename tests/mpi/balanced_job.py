@@ -118,8 +118,9 @@ def main():
         (CHANGE_AT, keras_callbacks.Slowdown("deterministic", ranks=[3], factor=5, base_time=0.02)),
         (1000, keras_callbacks.Slowdown("deterministic", ranks=[0], factor=5, base_time=0.02))])
     compute = keras_callbacks.EmulatedCompute(0.02)  # every rank's per-sample compute (a GPU's), 20 ms a batch
-    report = keras_callbacks.HeterogeneityReport(sys.argv[1], every_s=0.1)  # each rank's share over time
-    model.fit(data, steps_per_epoch=STEPS, epochs=EPOCHS, verbose=0, callbacks=[compute, slow, report])
+    # each rank's share over time; on rank 0 only, as Horovod users place TensorBoard: rank 0 writes every rank's
+    report = [keras_callbacks.HeterogeneityReport(sys.argv[1], every_s=0.1)] if rank == 0 else []
+    model.fit(data, steps_per_epoch=STEPS, epochs=EPOCHS, verbose=0, callbacks=[compute, slow, *report])
     algorithm = model.optimizer._hetsync_algorithm
     history, updates = list(algorithm.history), algorithm.updates
     assert updates == STEPS * EPOCHS, updates

@@ -4,7 +4,11 @@
   update (phase 0: singleton groups) keeps each rank's own weights, the second (phase 1: the node [0, 1]) averages
   them; optimizer.iterations counts updates (2 after 4 passes);
 - every other Horovod kwarg is accepted; the ignored ones give ONE warning, on rank 0 only;
-- ripples-random trains with backward_passes_per_step=2 and sparse_as_dense (Embedding) inside Keras' train step.
+- ripples-random trains with backward_passes_per_step=2 and sparse_as_dense (Embedding) inside Keras' train step;
+- the compatibility matrix's multi-rank cells (hetsync/compat.py): allreduce trains with steps_per_execution=2 to the
+  weights of steps_per_execution=1, and with hvd.SyncBatchNormalization; ripples-static refuses both at fit, on every
+  rank, naming them; uneven steps_per_epoch with steps_per_execution=2 is refused; hvd.DistributedGradientTape in a
+  hetsync.job_steps loop is warned about (allreduce: it trains) or refused (ripples-static).
 """
 import os
 import sys
@@ -12,6 +16,7 @@ import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+import horovod.tensorflow as hvd_tf  # noqa: E402
 import horovod.tensorflow.keras as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -81,6 +86,83 @@ def check_gg_mode_trains(rank):
     np.testing.assert_allclose(both[0], both[1], rtol=0, atol=1e-6)
 
 
+def expect_refused(fragment, fn):
+    try:
+        fn()
+    except ValueError as exc:
+        assert fragment in str(exc), (fragment, str(exc))
+    else:
+        raise AssertionError(f"not refused: {fragment}")
+
+
+def small_fit(rank, sync, steps_per_execution=1, sync_bn=False, steps=6, **options):
+    tf.keras.utils.set_random_seed(3)  # the same initial weights everywhere
+    layers = [tf.keras.layers.Input((3,)), tf.keras.layers.Dense(4)]
+    if sync_bn:
+        layers.append(hvd_tf.SyncBatchNormalization(name="sbn"))
+    model = tf.keras.Sequential(layers + [tf.keras.layers.Dense(1)])
+    model.compile(optimizer=hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.05), sync=sync, **options),
+                  loss="mse", steps_per_execution=steps_per_execution)
+    rng = np.random.default_rng(rank)
+    x = rng.normal(size=(64, 3)).astype(np.float32)
+    data = tf.data.Dataset.from_tensor_slices((x, x.sum(axis=1, keepdims=True))).batch(4).repeat()
+    model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0)
+    return model
+
+
+def check_compatibility(rank):
+    import hetsync.compat
+    from hetsync.training import loop
+
+    plain = small_fit(rank, "allreduce")
+    fused = small_fit(rank, "allreduce", steps_per_execution=2)
+    assert int(fused.optimizer.iterations.numpy()) == 6, int(fused.optimizer.iterations.numpy())
+    np.testing.assert_allclose(flat(fused), flat(plain), rtol=1e-5, atol=1e-6)
+    expect_refused("needs the same steps_per_epoch on every rank",
+                   lambda: small_fit(rank, "allreduce", steps_per_execution=2, steps=4 + rank))
+    expect_refused("steps_per_execution=2 is not supported by sync='ripples-static'",
+                   lambda: small_fit(rank, "ripples-static", steps_per_execution=2, node_size=2))
+    model = small_fit(rank, "allreduce", sync_bn=True)
+    both = hvd.allgather(tf.constant(flat(model)[None, :])).numpy()
+    np.testing.assert_allclose(both[0], both[1], rtol=0, atol=1e-6)
+    expect_refused("hvd.SyncBatchNormalization (layer 'sbn') is not supported by sync='ripples-static'",
+                   lambda: small_fit(rank, "ripples-static", sync_bn=True, node_size=2))
+    # hvd.DistributedGradientTape in a job_steps loop: allreduce warns (and trains), ripples-static refuses
+    for sync in ("allreduce", "ripples-static"):
+        model = tf.keras.Sequential([tf.keras.layers.Input((3,)), tf.keras.layers.Dense(1)])
+        opt = hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.05), sync=sync,
+                                           **({"node_size": 2} if sync != "allreduce" else {}))
+
+        @tf.function
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((model(x) - y) ** 2)
+            tape = hvd_tf.DistributedGradientTape(tape)
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        x = np.ones((16, 3), np.float32)
+        steps = hetsync.job_steps(tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(4).repeat(), 3, model, opt)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                for xb, yb in steps:
+                    step(xb, yb)
+            except ValueError as exc:
+                assert sync != "allreduce", exc
+                assert "DistributedGradientTape is not supported by sync='ripples-static'" in str(exc), exc
+                steps.stop()
+                for _ in steps:
+                    pass
+            else:
+                assert sync == "allreduce"
+                twice = [w for w in caught if "allreduced twice" in str(w.message)]
+                assert len(twice) == (1 if rank == 0 else 0), [str(w.message) for w in caught]
+        steps.finish()
+        assert loop._LOOP["active"] is None
+
+
 def main():
     hvd.init()
     hetsync.init(timeout=60)
@@ -88,6 +170,7 @@ def main():
     assert hvd.size() == 2, "run with 2 ranks"
     check_static_accumulates(rank)
     check_gg_mode_trains(rank)
+    check_compatibility(rank)
     hetsync.shutdown()
     print(f"OK rank={rank}", flush=True)
 
