@@ -1,8 +1,8 @@
-"""Bad input (README "Bad input: what each gives"): every row of the README's table is checked here.
+"""Bad input (docs/bad-input.md, "Bad input: what each gives"): every row of that page's table is checked here.
 
-The one-process rows are read from the README itself and evaluated: each must raise the ValueError whose text the
+The one-process rows are read from the page itself and evaluated: each must raise the ValueError whose text the
 row quotes.  The rows that need other ranks run in tests/mpi/bad_input.py (2 ranks), and their quoted text is
-checked to be the README's.
+checked to be the page's.
 """
 import os
 import re
@@ -15,8 +15,8 @@ from conftest import ROOT, assert_ok, mpi_env, run_mpi
 import hetsync
 import keras_callbacks
 
-README = open(os.path.join(ROOT, "README.md")).read()
-SECTION = README[README.index("## Bad input"):README.index("## API")]
+PAGE = open(os.path.join(ROOT, "docs", "bad-input.md"), encoding="utf-8").read()
+SECTION = PAGE[PAGE.index("# Bad input"):]
 ROWS = re.findall(r"^\| `((?:hetsync|keras_callbacks)\.[^|]*?)` \| `ValueError`: `([^`]+)`", SECTION, re.M)
 
 
@@ -25,11 +25,11 @@ def test_the_table_has_its_one_process_rows():
 
 
 @pytest.mark.parametrize("code, message", ROWS, ids=[c[:60] for c, _ in ROWS])
-def test_each_one_process_row_gives_what_the_readme_says(code, message):
+def test_each_one_process_row_gives_what_the_page_says(code, message):
     namespace = {"hetsync": hetsync, "keras_callbacks": keras_callbacks, "tf": tf,
                  "opt": tf.keras.optimizers.SGD(0.1)}
     with pytest.raises(ValueError) as err:
-        eval(code, namespace)  # noqa: S307 (the README's own examples)
+        eval(code, namespace)  # noqa: S307 (the page's own examples)
     assert message in str(err.value), f"{code}: {err.value}"
 
 
