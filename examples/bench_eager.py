@@ -24,7 +24,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 
@@ -33,23 +32,12 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 from benchmark import mean_curve  # noqa: E402  (rows here: time, loss, accuracy, step)
+from cluster_hosts import launcher  # noqa: E402
+from common import Progress, curve_style, log_axis, run_streamed  # noqa: E402,F401  (Progress: for bench_*.py)
 PARTS = ("micro", "hyperplane", "imbalance")
 DELAYS = (1.0, 1.5, 2.0)  # hyperplane: delay of the one slowed process, in base steps
 GOALS = {"micro": {"solo": 20.0, "majority": 2.0}, "hyperplane": {1.0: 1.6, 1.5: 1.9, 2.0: 2.2},
          "imbalance": 1.35}
-
-
-class Progress:
-    """One line per run, with an ETA from the runs so far."""
-
-    def __init__(self, total):
-        self.total, self.done, self.start = total, 0, time.time()
-
-    def step(self, what):
-        self.done += 1
-        spent = time.time() - self.start
-        eta = spent / self.done * (self.total - self.done)
-        print(f"[{self.done}/{self.total}] {what}  ({spent:.0f} s so far, ETA {eta:.0f} s)", flush=True)
 
 
 def _env():
@@ -58,10 +46,12 @@ def _env():
 
 
 def _run(cmd, timeout):
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
+    """Runs one job, printing rank 0's output lines as they come (common.run_streamed); returns rank 0's output
+    lines (and the launcher's own), reassembled."""
+    proc = run_streamed(cmd, cwd=ROOT, env=_env(), timeout=timeout)
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return proc.stdout
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-6000:]}")
+    return "\n".join(text for rank, text in proc.lines if rank in (0, None))
 
 
 def parser(doc, parts, steps, out):
@@ -74,6 +64,8 @@ def parser(doc, parts, steps, out):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--job-timeout", type=float, default=900)
     p.add_argument("--out", default=out)
+    p.add_argument("--hosts", default=None, help="run the jobs across the emulated cluster's hosts, e.g. h1:2,h2:2 "
+                   "(scripts/cluster.sh up first; examples/bench_cluster.py does it)")
     p.add_argument("--from-logs", action="store_true", help="rebuild the tables and the plot from --out's logs")
     return p
 
@@ -99,9 +91,10 @@ def write_results(args, results, text):
 def micro(args, progress):
     results = []
     for skew in (float(v) for v in args.skew_ms.split(",")):
-        cmd = ["mpirun", "-np", str(args.workers), "--oversubscribe", "--bind-to", "none", sys.executable,
-               os.path.join(ROOT, "tests", "mpi", "bench_partial.py"), "--skew-ms", str(skew),
+        cmd = ["mpirun", "-np", str(args.workers), "--oversubscribe", "--bind-to", "none", "--tag-output",
+               sys.executable, os.path.join(ROOT, "tests", "mpi", "bench_partial.py"), "--skew-ms", str(skew),
                "--reps", str(args.micro_reps)]
+        progress.begin(f"micro, skew {skew} ms/rank")
         out = _run(cmd, args.job_timeout)
         result = json.loads(re.search(r"RESULT (\{.*\})", out).group(1))
         progress.step(f"micro, skew {skew} ms/rank: solo {result['solo']['speedup_vs_mpi']:.1f}x, majority "
@@ -110,15 +103,19 @@ def micro(args, progress):
     return results
 
 
-def train(args, mode, task, log_dir, slowdown):
-    """One horovodrun job of examples/train.py; returns its per-rank summaries and curves."""
+def train(args, mode, task, log_dir, slowdown, progress=None):
+    """One job of examples/train.py: horovodrun here, or across the emulated hosts ``args.hosts`` (cluster_hosts.py;
+    ``progress``: its [i/N] line first, named by the log folder);
+    returns its per-rank summaries and curves."""
     if not args.from_logs:
         shutil.rmtree(log_dir, ignore_errors=True)
-    cmd = ["horovodrun", "--mpi", "-np", str(args.workers), "-H", f"localhost:{args.workers}", sys.executable,
+    cmd = launcher(args.workers, args.hosts, _env()) + [sys.executable,
            os.path.join(HERE, "train.py"), "--sync", mode, "--task", task, "--steps", str(args.steps),
            "--lr", str(args.lr[task]), "--eval-every", str(args.eval_every), "--log-dir", log_dir,
            "--seed", str(args.seed), *slowdown]
     if not args.from_logs:
+        if progress is not None:
+            progress.begin(f"{os.path.basename(log_dir)} ({mode})")
         _run(cmd, args.job_timeout)
     summaries = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(log_dir, "summary*.json")))]
     curves = {}
@@ -159,7 +156,8 @@ def hyperplane(args, progress):
         for mode in ("allreduce", "eager-solo"):
             slow = ["--compute-time", str(args.base_time), "--base-time", str(args.base_time), "--slowdown",
                     "random-one", "--factor", str(1.0 + delay)]
-            summaries, c = train(args, mode, "hyperplane", os.path.join(args.out, f"hyperplane-{delay}-{mode}"), slow)
+            summaries, c = train(args, mode, "hyperplane", os.path.join(args.out, f"hyperplane-{delay}-{mode}"), slow,
+                                 progress)
             runs[mode] = dict(steps_per_s=throughput(c, args), loss=summaries[0]["consensus_loss"],
                               metrics=summaries[0].get("algorithm", {}))
             curves[(delay, mode)] = mean_curve(c, 1)
@@ -176,7 +174,7 @@ def imbalance(args, progress):
     for mode in ("allreduce", "eager-majority"):
         slow = ["--compute-time", str(args.imb_base_time), "--slowdown", "imbalance", "--delay-range",
                 args.delay_range]
-        summaries, c = train(args, mode, "digits", os.path.join(args.out, f"imbalance-{mode}"), slow)
+        summaries, c = train(args, mode, "digits", os.path.join(args.out, f"imbalance-{mode}"), slow, progress)
         acc = mean_curve(c, 2)
         curves[mode] = acc
         start = warm(c, args)
@@ -235,8 +233,10 @@ def markdown(results, args):
     return "\n".join(lines)
 
 
-def plot_parts(curves, parts, path, ylabel, yscale="linear", width=5.0):
-    """One panel per part (bench_hop.py, bench_esync_od.py): each run's curve of ``ylabel`` over wall time."""
+def plot_parts(curves, parts, path, ylabel, yscale="linear", width=5.0, style=None):
+    """One panel per part (bench_hop.py, bench_esync_od.py): each run's curve of ``ylabel`` over wall time after the
+    warm-up (from 0: the start-up is left out, as in the tables).  ``style(i, label)``: the line's keywords (default
+    common.curve_style: colour, dashes and marker of its own)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -245,11 +245,14 @@ def plot_parts(curves, parts, path, ylabel, yscale="linear", width=5.0):
     parts = [p for p in parts if p in curves]
     fig, axes = plt.subplots(1, len(parts), figsize=(width * len(parts), 3.8), squeeze=False)
     for ax, part in zip(axes[0], parts):
-        for label, curve in curves[part].items():
+        for i, (label, curve) in enumerate(curves[part].items()):
             if curve:
-                ax.plot(*zip(*curve), label=label)
+                ax.plot(*zip(*curve), label=label, **(style(i, label) if style else curve_style(i)))
         ax.set(title=f"{part}: {ylabel}", xlabel="wall time after warm-up (s)", ylabel=ylabel.split()[-1],
                yscale=yscale)
+        ax.set_xlim(left=0)
+        if yscale == "log":
+            log_axis(ax)
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -262,17 +265,21 @@ def plot(curves, path):
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for (delay, mode), curve in sorted(curves.get("hyperplane", {}).items()):
+    for i, ((delay, mode), curve) in enumerate(sorted(curves.get("hyperplane", {}).items())):
         if curve:
-            axes[0].plot(*zip(*curve), label=f"{mode}, delay {delay}x", linestyle="-" if mode == "eager-solo" else "--")
+            axes[0].plot(*zip(*curve), label=f"{mode}, delay {delay}x",
+                         **curve_style(i, linestyle="-" if mode == "eager-solo" else "--"))
     axes[0].set(title="hyperplane: mean worker test loss", xlabel="wall time (s)", ylabel="MSE", yscale="log")
-    for mode, curve in curves.get("imbalance", {}).items():
+    for i, (mode, curve) in enumerate(curves.get("imbalance", {}).items()):
         if curve:
-            axes[1].plot(*zip(*curve), label=mode)
+            axes[1].plot(*zip(*curve), label=mode, **curve_style(i))
     axes[1].set(title="imbalance (digits): mean worker test accuracy", xlabel="wall time (s)", ylabel="accuracy")
     for ax in axes:
+        ax.set_xlim(left=0)
         if ax.lines:
             ax.legend(fontsize=7)
+    if axes[0].lines:
+        log_axis(axes[0])
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

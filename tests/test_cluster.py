@@ -33,9 +33,9 @@ def test_every_mode_across_two_hosts_with_a_slow_host_and_an_early_stop(cluster)
     cmd += [sys.executable, os.path.join(ROOT, "tests", "mpi", "cluster_job.py")]
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              timeout=420)
+                              timeout=300)
     except subprocess.TimeoutExpired as e:
         out = e.stdout if isinstance(e.stdout, str) else (e.stdout or b"").decode()
-        pytest.fail(f"the 2-host job did not finish within 420 s:\n{out[-6000:]}")
+        pytest.fail(f"the 2-host job did not finish within 300 s:\n{out[-6000:]}")
     assert_ok(proc, 4)
     assert "on h1" in proc.stdout and "on h2" in proc.stdout, proc.stdout[-3000:]

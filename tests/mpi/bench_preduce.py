@@ -9,6 +9,7 @@ pays: the TF op, the copy into the fused buffer and back, the header exchange, t
 division by the group size.
 """
 import argparse
+import json
 import os
 import sys
 import time
@@ -84,6 +85,9 @@ def main():
             print(f"  {label:18s}: MPI_Allreduce {t_mpi * 1e3:7.2f} ms (repeat {t_mpi2 * 1e3:7.2f} ms), "
                   f"P-Reduce {t_pr * 1e3:7.2f} ms, ratio P-Reduce / MPI_Allreduce {t_pr / base:.2f}; "
                   f"P-Reduce fp16 {t_half * 1e3:7.2f} ms ({t_half / base:.2f})")
+        print("RESULT " + json.dumps({label: dict(mpi_ms=min(t_mpi, t_mpi2) * 1e3, preduce_ms=t_pr * 1e3,
+                                                  fp16_ms=t_half * 1e3) for label, (t_pr, t_mpi, t_mpi2, t_half)
+                                      in (("alone", alone), ("horovod", with_hvd))}), flush=True)
     comm.Free()
     ops.engine_shutdown()
 

@@ -10,9 +10,11 @@ requested mid-epoch through the Switch Board (the live flag).  Checked on every 
   - every switch happens, at the same steps on every rank, and the job ends with one model on every rank.
 Prints OK rank=R.
 """
+import faulthandler
 import hashlib
 import os
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
@@ -39,6 +41,18 @@ class Stop(tf.keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if hvd.rank() == STOPPER and epoch + 1 == STOP_AFTER:
             self.model.stop_training = True
+
+
+class EpochTimes(tf.keras.callbacks.Callback):
+    """Prints each epoch's duration and mode on one rank per host (diagnostics when the job is slow or fails)."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.start = time.monotonic()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if hvd.local_rank() == 0:
+            mode = hetsync.current_mode(self.model)
+            print(f"rank {hvd.rank()} epoch {epoch} {mode}: {time.monotonic() - self.start:.1f} s", flush=True)
 
 
 class MidEpochRequest(tf.keras.callbacks.Callback):
@@ -80,6 +94,8 @@ def checksum(model):
 
 
 def main():
+    # diagnostics if the job hangs: every rank's stacks after DUMP_AFTER s (the test's limit is longer)
+    faulthandler.dump_traceback_later(float(os.environ.get("CLUSTER_JOB_DUMP_AFTER", 240)), exit=False)
     hvd.init()
     hetsync.init()
     rank, size = hvd.rank(), hvd.size()
@@ -92,7 +108,7 @@ def main():
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     model.compile(optimizer=opt, loss=loss)
     switch = keras_callbacks.SyncMode(schedule={e: m for e, m in enumerate(SCHEDULE) if e})
-    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), switch, MidEpochRequest(switch), Stop()]
+    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), switch, MidEpochRequest(switch), Stop(), EpochTimes()]
     before = model.evaluate(x_test, y_test, verbose=0) if model.built else None
     history = model.fit(shard(x, y, rank, size, 32, 0), steps_per_epoch=STEPS, epochs=len(SCHEDULE), verbose=0,
                         callbacks=callbacks)
@@ -108,6 +124,7 @@ def main():
     print(f"rank {rank} on {hosts[rank]} (services at {address}): {len(done)} switches, final loss {final:.3f}"
           f"{'' if before is None else f' (from {before:.3f})'}", flush=True)
     print(f"OK rank={rank}", flush=True)
+    faulthandler.cancel_dump_traceback_later()
     hetsync.shutdown()
 
 
