@@ -12,7 +12,7 @@ hetsync accepts:
 * ``hetsync.init``'s arguments (hetsync/_runtime.py ``INIT_OPTIONS``);
 * the ``HETSYNC_*`` environment variables (hetsync/env.py).
 
-It writes docs/compatibility.md as well, from the compatibility table (hetsync/compat.py; ``python -m hetsync.compat``
+It writes docs/compatibility.md as well, from the compatibility table (hetsync/compat/table.py; ``python -m hetsync.compat``
 writes that page alone).
 
 ``python -m hetsync.docs --check`` writes nothing and exits 1 when docs/options.md differs from what it would write
@@ -197,7 +197,7 @@ def main(argv=None):
     parser.add_argument("--out", default=OUTPUT, help="file to write ('-': standard output; default %(default)s)")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if the file is stale")
     args = parser.parse_args(argv)
-    from hetsync import compat  # docs/compatibility.md, generated beside this page (hetsync/compat.py)
+    from hetsync import compat  # docs/compatibility.md, generated beside this page (hetsync/compat/table.py)
 
     if args.check:
         if stale(args.out):

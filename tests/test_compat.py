@@ -1,4 +1,4 @@
-"""The compatibility matrix (hetsync/compat.py, docs/compatibility.md) and the public observability API
+"""The compatibility matrix (hetsync/compat/table.py, docs/compatibility.md) and the public observability API
 (hetsync/observe.py), in one process without MPI: the page matches the table, the table covers every mode, kwarg
 and named feature and names tests that exist, and each refusal's check names what is not supported.  The refusals
 inside real multi-rank fits and loops are in tests/mpi/kwargs_ripples.py."""
@@ -52,7 +52,7 @@ def test_the_table_covers_every_mode_kwarg_callback_and_feature_and_names_real_t
 def test_refusals_name_what_is_not_supported(monkeypatch):
     # Keras 3, at hetsync.DistributedOptimizer
     assert compat.keras_problem() is None and "Keras 3" in compat.keras_problem("3.1.0")
-    monkeypatch.setattr(compat, "keras_version", lambda: "3.0.5")
+    monkeypatch.setattr(compat.checks, "keras_version", lambda: "3.0.5")
     with pytest.raises(ValueError, match="Keras 3.0.5 .Keras 3. is not supported"):
         hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), sync="hop")
     monkeypatch.undo()

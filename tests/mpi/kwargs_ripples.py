@@ -5,7 +5,7 @@
   them; optimizer.iterations counts updates (2 after 4 passes);
 - every other Horovod kwarg is accepted; the ignored ones give ONE warning, on rank 0 only;
 - ripples-random trains with backward_passes_per_step=2 and sparse_as_dense (Embedding) inside Keras' train step;
-- the compatibility matrix's multi-rank cells (hetsync/compat.py): allreduce trains with steps_per_execution=2 to the
+- the compatibility matrix's multi-rank cells (hetsync/compat/table.py): allreduce trains with steps_per_execution=2 to the
   weights of steps_per_execution=1, and with hvd.SyncBatchNormalization; ripples-static refuses both at fit, on every
   rank, naming them; uneven steps_per_epoch with steps_per_execution=2 is refused; hvd.DistributedGradientTape in a
   hetsync.job_steps loop is warned about (allreduce: it trains) or refused (ripples-static).
