@@ -6,13 +6,18 @@ MPI call (a segfault at exit, issue 18).  When MPI is already initialized at ``h
 finalization to whoever initialized it: hetsync then finalizes at exit, after its own shutdown (the engine thread
 has stopped) and after Horovod's.  This needs ``import hetsync`` before ``hvd.init()``, as scripts do; otherwise
 Horovod keeps its usual role (and the engine's progress thread stops when it sees MPI finalized).
-``HETSYNC_EARLY_MPI=0`` turns it off.
+``HETSYNC_EARLY_MPI=0`` turns it off.  MPI started here gets :data:`MPI_DEFAULTS` (a user's own setting wins).
 """
 import atexit
 import ctypes
 import os
 
 MPI_THREAD_MULTIPLE = 3  # Open MPI's mpi.h (hetsync runs on Open MPI, docs/engine.md)
+# Open MPI settings hetsync starts MPI with unless the user set them (the environment, as mpirun -x or --mca do):
+# the engine's non-blocking allreduces (OD-SGD's transfer, P-Reduce's groups) run on Open MPI's libnbc, whose own
+# choice for an in-place MPI_Iallreduce on 4 ranks is not its ring; across 2 emulated hosts on 100 Mbit/s links
+# the ring made OD-SGD +73% faster than allreduce where the default made it +18% (docs/cluster.md).
+MPI_DEFAULTS = {"OMPI_MCA_coll_libnbc_iallreduce_algorithm": "1"}  # 1 = ring
 LIBRARY = "libmpi.so.40"  # the Open MPI that Horovod was built against (scripts/install.sh)
 _STATE = {"lib": None}
 
@@ -31,12 +36,20 @@ def init_before_horovod():
     lib.MPI_Initialized(ctypes.byref(started))
     if started.value:
         return False
+    apply_defaults(os.environ)
     provided = ctypes.c_int(0)
     if lib.MPI_Init_thread(None, None, MPI_THREAD_MULTIPLE, ctypes.byref(provided)) != 0:
         return False
     _STATE["lib"] = lib
     atexit.register(_finalize)  # before hvd.init() registers Horovod's shutdown: runs after it
     return True
+
+
+def apply_defaults(environ):
+    """:data:`MPI_DEFAULTS` into ``environ`` where the user has not set them (read by MPI_Init_thread)."""
+    for name, value in MPI_DEFAULTS.items():
+        environ.setdefault(name, value)
+    return environ
 
 
 def _finalize():

@@ -98,3 +98,7 @@ def main(argv=None):
         return 0
     print(f"wrote {write(args.out)}")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
