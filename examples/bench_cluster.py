@@ -76,6 +76,14 @@ def measure(args, label, mode, log, extra, progress, column=1, target=None, reac
     return r
 
 
+def _first_error(text):
+    """The first error line a failed job printed (its exception), for the table."""
+    found = [line for line in (raw.split(">:", 1)[-1].strip() for raw in text.splitlines()[1:])  # 1st: the command
+             if re.match(r"^[\w.]+(Error|Timeout|Exception): \S", line)]
+    ours = [line for line in found if "hetsync" in line]  # hetsync's own error says more than TF's wrapper
+    return (ours or found or ["the job failed (see its log)"])[0][:160]
+
+
 def _rate_after(curves, step):
     rates = []
     for rows in curves.values():
@@ -106,8 +114,12 @@ def modes(args, progress):
     results = {}
     with Cluster(2, rate="1gbit", cpu=[f"h2={args.slow_cpu}"]):
         for mode in args.modes.split(","):
-            results[mode] = measure(args, mode, mode, f"modes-{mode}", [], progress,
-                                    reached=lambda v: v <= args.target_loss)
+            try:
+                results[mode] = measure(args, mode, mode, f"modes-{mode}", [], progress,
+                                        reached=lambda v: v <= args.target_loss)
+            except RuntimeError as exc:  # a mode that fails here is a result too: the table says so, the rest run
+                results[mode] = dict(failed=_first_error(str(exc)))
+                progress.end(f"{mode}: FAILED ({results[mode]['failed']})")
     return results
 
 
@@ -187,9 +199,12 @@ def _table(results, base, what="loss"):
     for label, r in results.items():
         if label == "calibration":
             continue
+        if "failed" in r:
+            lines.append(f"| {label} | failed: {r['failed']} | | | |")
+            continue
         final = r["loss"] if what == "loss" else r["accuracy"]
         lines.append(f"| {label} | {r['steps_per_s']:.2f} | {_secs(r['time_to_target'])} | "
-                     f"{_ratio(results[base]['time_to_target'], r['time_to_target'])} | {final:.3f} |")
+                     f"{_ratio(results[base].get('time_to_target'), r['time_to_target'])} | {final:.3f} |")
     return lines
 
 
