@@ -18,9 +18,10 @@ writes that page alone).
 ``python -m hetsync.docs --check`` writes nothing and exits 1 when docs/options.md differs from what it would write
 (tests/test_docs.py runs the same comparison).  ``--out -`` prints the reference instead.
 """
-import argparse
 import os
 import sys
+
+from hetsync import _generated
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUTPUT = os.path.join(ROOT, "docs", "options.md")
@@ -185,38 +186,14 @@ def render():
 
 def stale(path=OUTPUT):
     """True when ``path`` differs from :func:`render`'s text (or is missing)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read() != render()
-    except FileNotFoundError:
-        return True
+    return _generated.stale(path, render())
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m hetsync.docs", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=OUTPUT, help="file to write ('-': standard output; default %(default)s)")
-    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if the file is stale")
-    args = parser.parse_args(argv)
     from hetsync import compat  # docs/compatibility.md, generated beside this page (hetsync/compat/table.py)
 
-    if args.check:
-        if stale(args.out):
-            print(f"{args.out} is stale: run python -m hetsync.docs", file=sys.stderr)
-            return 1
-        if args.out == OUTPUT and compat.stale():
-            print(f"{compat.OUTPUT} is stale: run python -m hetsync.docs", file=sys.stderr)
-            return 1
-        return 0
-    text = render()
-    if args.out == "-":
-        sys.stdout.write(text)
-        return 0
-    with open(args.out, "w", encoding="utf-8") as f:
-        f.write(text)
-    print(f"wrote {args.out}")
-    if args.out == OUTPUT:
-        print(f"wrote {compat.write()}")
-    return 0
+    return _generated.main(argv, "python -m hetsync.docs", __doc__.split("\n\n")[0], OUTPUT, render,
+                           also=[(compat.OUTPUT, compat.render)])
 
 
 if __name__ == "__main__":

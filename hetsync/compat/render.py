@@ -1,8 +1,8 @@
 """docs/compatibility.md, generated from the table (``python -m hetsync.compat [--check]``)."""
-import argparse
 import os
 import sys
 
+from hetsync import _generated
 from hetsync.compat.table import REFUSED, ROWS, WARNED, cell, modes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -70,34 +70,15 @@ def render():
 
 
 def stale(path=OUTPUT):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read() != render()
-    except FileNotFoundError:
-        return True
+    return _generated.stale(path, render())
 
 
 def write(path=OUTPUT):
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(render())
-    return path
+    return _generated.write(path, render())
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m hetsync.compat", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=OUTPUT, help="file to write ('-': standard output; default %(default)s)")
-    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if the file is stale")
-    args = parser.parse_args(argv)
-    if args.check:
-        if stale(args.out):
-            print(f"{args.out} is stale: run python -m hetsync.compat", file=sys.stderr)
-            return 1
-        return 0
-    if args.out == "-":
-        sys.stdout.write(render())
-        return 0
-    print(f"wrote {write(args.out)}")
-    return 0
+    return _generated.main(argv, "python -m hetsync.compat", __doc__.split("\n\n")[0], OUTPUT, render)
 
 
 if __name__ == "__main__":
