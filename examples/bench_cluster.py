@@ -36,6 +36,7 @@ sys.path.insert(0, HERE)
 
 from bench_eager import (_run, chosen_parts, first_time, parser, throughput, train, warm,  # noqa: E402
                          write_results)
+from bench_esync_od import rate_after  # noqa: E402
 from benchmark import mean_curve  # noqa: E402
 from cluster_hosts import Cluster, launcher  # noqa: E402
 from common import Progress  # noqa: E402
@@ -66,7 +67,7 @@ def measure(args, label, mode, log, extra, progress, column=1, target=None, reac
     start = warm(curves, args)
     curve = mean_curve(curves, column)
     hit = first_time(curve, reached) if reached else None
-    rate = throughput(curves, args) if after is None else _rate_after(curves, after)
+    rate = throughput(curves, args) if after is None else rate_after(curves, after)
     metrics = [s.get("algorithm", {}) for s in summaries]
     r = dict(steps_per_s=rate, time_to_target=None if hit is None else hit - start,
              loss=summaries[0]["consensus_loss"], accuracy=summaries[0].get("consensus_accuracy"),
@@ -82,14 +83,6 @@ def _first_error(text):
              if re.match(r"^[\w.]+(Error|Timeout|Exception): \S", line)]
     ours = [line for line in found if "hetsync" in line]  # hetsync's own error says more than TF's wrapper
     return (ours or found or ["the job failed (see its log)"])[0][:160]
-
-
-def _rate_after(curves, step):
-    rates = []
-    for rows in curves.values():
-        first = next(row for row in rows if row[3] >= step)
-        rates.append((rows[-1][3] - first[3]) / (rows[-1][0] - first[0]))
-    return sum(rates) / len(rates)
 
 
 # -- parts ----------------------------------------------------------------------------------------------------------
