@@ -20,10 +20,9 @@ build:
 	$(MAKE) -C tf_ops PYTHON=$(abspath $(PY))
 
 test: install
-	$(PY) -m pytest -q -p no:cacheprovider --durations=40 --ignore=tests/test_cluster.py tests
+	$(PY) -m pytest -q -p no:cacheprovider --durations=40 tests
 
-# The 2-host job on the emulated cluster (scripts/cluster.sh: network namespaces, root; not yet in `test`: it takes
-# 1-5 minutes with a throttled host, docs/limitations.md).
+# The 2-host job alone (it is part of `test` too): scripts/cluster.sh's emulated cluster, root.
 test-cluster: install
 	$(PY) -m pytest -q -p no:cacheprovider tests/test_cluster.py
 

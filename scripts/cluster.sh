@@ -16,7 +16,9 @@
 #     tbf's queueing bound, not a propagation delay);
 #   - /etc/hosts lines "10.77.0.(10+K) hK  # hetsync-cluster" (Open MPI routes by host name);
 #   - with --cpu hK=F: cgroup v1 cpu group /sys/fs/cgroup/cpu/hetsync-hK with cfs_quota = F x period (the host
-#     gets F of one core in total, whatever number of processes it runs);
+#     gets F of one core in total, whatever number of processes it runs) and a large cpu.shares, so that the quota
+#     is what limits it: with the default weight the whole group would weigh as much as one process of the other
+#     hosts and get far less than F on a loaded machine (measured: a 2-host job slowed 2-10x at random);
 #   - $HETSYNC_CLUSTER_DIR (default /tmp/hetsync-cluster): the hosts file, the Open MPI rsh agent and the settings.
 # Processes run on a host through the agent: `ip netns exec hs-hK unshare --uts` (its own host name), joined to
 # the host's cgroup.  Traffic stays on these namespaces and the bridge.  Needs root (CI runs as root).
@@ -104,6 +106,7 @@ up() {
     python3 -c "import sys; f=float(sys.argv[1]); assert 0 < f <= 64, f" "$f" || die "--cpu $c: F must be > 0"
     echo $(python3 -c "import sys; print(int(float(sys.argv[1]) * int(sys.argv[2])))" "$f" "$period") \
       > "$CGROUP/hetsync-$h/cpu.cfs_quota_us"
+    echo $((1024 * 64)) > "$CGROUP/hetsync-$h/cpu.shares"
     echo "$h $f" >> "$DIR/cpu"
   done
   write_agent

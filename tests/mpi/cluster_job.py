@@ -13,6 +13,7 @@ Prints OK rank=R.
 import faulthandler
 import hashlib
 import os
+import signal
 import sys
 import time
 
@@ -96,6 +97,7 @@ def checksum(model):
 def main():
     # diagnostics if the job hangs: every rank's stacks after DUMP_AFTER s (the test's limit is longer)
     faulthandler.dump_traceback_later(float(os.environ.get("CLUSTER_JOB_DUMP_AFTER", 240)), exit=False)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # and on demand: kill -USR1 <rank's pid>
     hvd.init()
     hetsync.init()
     rank, size = hvd.rank(), hvd.size()
