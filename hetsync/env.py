@@ -53,7 +53,10 @@ VARS = {v.name: v for v in (
         "python -m hetsync.coordinator.server (hetsync/coordinator/server.py)"),
     Var("HETSYNC_CLUSTER_DIR", "/tmp/hetsync-cluster", str,
         "folder of the emulated cluster's hosts file, rsh agent and settings",
-        "scripts/cluster.sh (make test-cluster)"),
+        "scripts/cluster.sh (make test, make test-cluster)"),
+    Var("HETSYNC_WHEEL_CACHE", "~/.cache/hetsync/wheels", str,
+        "where the set-up keeps the Horovod wheel it built, by Horovod, TensorFlow, Python and Open MPI version",
+        "scripts/install.sh (make install, make test, make demo)"),
 )}
 
 

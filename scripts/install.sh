@@ -3,7 +3,9 @@
 # Each step says what it does and is skipped when its result is already there:
 #   1. Debian Open MPI 4.1.4 (openmpi-bin, libopenmpi-dev) through apt, when mpicxx is missing.
 #   2. A Python 3.11 virtual environment in .venv with the pinned packages of requirements.txt.
-#   3. Horovod 0.28.1 built from source against that TensorFlow, with MPI + Gloo, no PyTorch/MXNet.
+#   3. Horovod 0.28.1 built from source against that TensorFlow, with MPI + Gloo, no PyTorch/MXNet.  The built wheel
+#      is kept in $HETSYNC_WHEEL_CACHE (default ~/.cache/hetsync/wheels), keyed by the Horovod, TensorFlow, Python
+#      and Open MPI versions: the next fresh clone on this machine installs it instead of building again (2-4 min).
 #   4. hetsync itself, editable: compiles tf_ops/ into hetsync/_lib/hetsync_ops.so, generates the gRPC code.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,15 +42,27 @@ fi
 
 if ! "$VPY" -c "import horovod, sys; sys.exit(horovod.__version__ != '$HOROVOD_VERSION')" 2>/dev/null \
    || ! "$VPY" -c "import horovod.tensorflow as h; assert h.mpi_built()" 2>/dev/null; then
-  say "building Horovod $HOROVOD_VERSION from source (MPI + Gloo + TensorFlow; about 2-4 minutes)"
-  # The PyPI cmake 4.x cannot read Horovod's CMake files: use the system cmake 3.25.
-  if ! command -v cmake >/dev/null 2>&1; then
-    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq cmake >/dev/null
+  TF_VERSION=$("$VPY" -c "import tensorflow as tf; print(tf.__version__)" 2>/dev/null)
+  PY_TAG=$("$VPY" -c "import sys; print(f'cp{sys.version_info[0]}{sys.version_info[1]}')")
+  OMPI_VERSION=$(mpirun --version 2>/dev/null | head -n1 | awk '{print $NF}')
+  WHEELS="${HETSYNC_WHEEL_CACHE:-$HOME/.cache/hetsync/wheels}/horovod-$HOROVOD_VERSION-tf$TF_VERSION-$PY_TAG-ompi$OMPI_VERSION"
+  if ! ls "$WHEELS"/horovod-*.whl >/dev/null 2>&1; then
+    say "building Horovod $HOROVOD_VERSION from source (MPI + Gloo + TensorFlow; about 2-4 minutes) into $WHEELS"
+    # The PyPI cmake 4.x cannot read Horovod's CMake files: use the system cmake 3.25.
+    if ! command -v cmake >/dev/null 2>&1; then
+      SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+      DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq cmake >/dev/null
+    fi
+    rm -rf "$WHEELS.tmp" && mkdir -p "$WHEELS.tmp"
+    HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
+    HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j2" \
+      "$VPY" -m pip wheel -q --no-build-isolation --no-cache-dir --no-deps -w "$WHEELS.tmp" "horovod==$HOROVOD_VERSION"
+    rm -rf "$WHEELS" && mv "$WHEELS.tmp" "$WHEELS"  # only a complete build becomes the cache
+  else
+    say "installing Horovod $HOROVOD_VERSION from the wheel built earlier on this machine ($WHEELS)"
   fi
-  HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
-  HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j2" \
-    "$VPY" -m pip install -q --no-build-isolation --no-cache-dir "horovod==$HOROVOD_VERSION"
+  "$VPY" -m pip install -q --no-deps "$WHEELS"/horovod-*.whl
+  "$VPY" -m pip install -q "horovod==$HOROVOD_VERSION"  # its Python dependencies (pinned in requirements.txt)
 else
   say "Horovod $HOROVOD_VERSION with MPI already built"
 fi
