@@ -46,6 +46,10 @@ class SyncAlgorithm:
     HOROVOD_APPLIED = horovod_kwargs.APPLIED_BY_WRAPPER
     HOROVOD_PASSTHROUGH = False
     HOROVOD_REASONS = {}  # overrides of horovod_kwargs.REASONS (the warning's "why") for this mode
+    # A HOROVOD_PASSTHROUGH mode whose Horovod optimizer runs only part of the training (OD-SGD's warm-up): the
+    # kwargs that the rest does not apply, and why.  Set to another value than Horovod's default, they are named
+    # in the same one warning on rank 0.
+    HOROVOD_PART_TIME = {}
 
     def __init__(self, **options):
         clash = sorted(set(self.OPTIONS) & set(horovod_kwargs.NAMES))
@@ -68,7 +72,8 @@ class SyncAlgorithm:
         if self.HOROVOD_PASSTHROUGH:
             resolved = None
             self.compression = self.horovod_kwargs.get("compression", horovod_kwargs._compression().none)
-            self.ignored_horovod_kwargs = {}
+            self.ignored_horovod_kwargs = horovod_kwargs.part_time(self.name, self.horovod_kwargs,
+                                                                   self.HOROVOD_PART_TIME)
         else:
             resolved = horovod_kwargs.resolve(self.name, self.horovod_kwargs, self.HOROVOD_APPLIED,
                                               self.HOROVOD_REASONS)

@@ -216,6 +216,14 @@ def _caller_stacklevel():
     return level
 
 
+def part_time(mode, kwargs, reasons):
+    """For a mode that hands the kwargs to Horovod's optimizer for part of the training only: ``{kwarg: text}`` for
+    those in ``reasons`` (not applied in the rest) that are set to another value than Horovod's default."""
+    return {key: f"{key}={_describe(key, kwargs[key])} applies only while Horovod's optimizer runs sync={mode!r}: "
+                 f"{reasons[key]}"
+            for key in NAMES if key in reasons and key in kwargs and not is_default(key, kwargs[key])}
+
+
 def warn_ignored(mode, ignored):
     """Emits ONE HorovodKwargWarning for this optimizer, on rank 0 only (or when Horovod is not initialised)."""
     if not ignored or not _is_rank0():
@@ -223,7 +231,7 @@ def warn_ignored(mode, ignored):
     lines = "\n".join(f"  - {text}" for text in ignored.values())
     warnings.warn(
         f"hetsync.DistributedOptimizer(sync={mode!r}) accepted Horovod keyword argument(s) "
-        f"{', '.join(ignored)} without applying them:\n{lines}",
+        f"{', '.join(ignored)} without applying them in every step:\n{lines}",
         HorovodKwargWarning, stacklevel=_caller_stacklevel())
 
 

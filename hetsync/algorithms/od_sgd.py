@@ -64,6 +64,19 @@ class ODSGD(IdleContribution, SyncAlgorithm):
     }
     HOROVOD_APPLIED = frozenset(horovod_kwargs.NAMES)
     HOROVOD_PASSTHROUGH = True  # the warm-up is Horovod's DistributedOptimizer itself
+    _AFTER = "after the warm-up, OD-SGD's own gradient allreduce (hetsync's engine, MPI, host memory) "
+    HOROVOD_PART_TIME = {  # what OD-SGD's training stage does not apply (backward_passes_per_step and
+        # average_aggregated_gradients it applies itself; sparse_as_dense: its gradients are made dense anyway)
+        "name": "after the warm-up, the ops OD-SGD adds (its allreduce, the local updater) are not under that name",
+        "device_dense": _AFTER + "places no ops on a device",
+        "device_sparse": _AFTER + "places no ops on a device",
+        "compression": _AFTER + "sends float32",
+        "gradient_predivide_factor": _AFTER + "averages the gradient sum without it",
+        "op": _AFTER + "averages (op=Average)",
+        "num_groups": _AFTER + "sends every gradient in one operation per step",
+        "groups": _AFTER + "sends every gradient in one operation per step",
+        "scale_local_gradients": _AFTER + "does not apply it",
+    }
 
 
     # -- set-up -------------------------------------------------------------------------------------------------

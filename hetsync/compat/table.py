@@ -56,7 +56,7 @@ def untested(note):
 
 
 _OD_WARMUP = "handed to Horovod's DistributedOptimizer, which runs OD-SGD's warm-up; OD-SGD's own allreduce after it " \
-             "does not apply it"
+             "does not apply it: one warning on rank 0 names it"
 _AUTO_KW = "handed to every candidate mode (default: allreduce, esync, eager-solo), as in those columns"
 _IGNORED = "accepted; one warning on rank 0 naming it and why it has no meaning for the mode (none at Horovod's " \
            "default)"
@@ -73,7 +73,7 @@ def _ignored_kwarg(name, balanced=None):
     """A kwarg Horovod applies to its gradient allreduce: handed over by allreduce, ignored with a warning by the
     modes that exchange no Horovod gradients."""
     return _kwarg(name, allreduce=ok("handed to Horovod unchanged", "kw_pass"),
-                  **{"od-sgd": untested(_OD_WARMUP)},
+                  **{"od-sgd": warned(_OD_WARMUP, "kw_accept")},
                   balanced=balanced or warned(_IGNORED, "kw_accept"),
                   wrapped=warned(_IGNORED, "kw_warn" if name in ("op", "device_dense") else "kw_accept"),
                   auto=untested(_AUTO_KW))
@@ -81,13 +81,14 @@ def _ignored_kwarg(name, balanced=None):
 
 ROWS = [
     # -- Horovod DistributedOptimizer keyword arguments (horovod_kwargs.NAMES, in Horovod's order) -----------------
-    _kwarg("name", allreduce=ok("handed to Horovod unchanged", "kw_pass"), **{"od-sgd": untested(_OD_WARMUP)},
+    _kwarg("name", allreduce=ok("handed to Horovod unchanged", "kw_pass"),
+           **{"od-sgd": warned(_OD_WARMUP, "kw_accept")},
            balanced=untested("the name scope of its ops"),
            wrapped=ok("the name scope of the ops the wrapper adds", "kw_name"), auto=untested(_AUTO_KW)),
     _ignored_kwarg("device_dense"),
     _ignored_kwarg("device_sparse"),
     _kwarg("compression", allreduce=ok("handed to Horovod unchanged (any compressor)", "kw_pass"),
-           **{"od-sgd": untested(_OD_WARMUP + " (it sends float32)"),
+           **{"od-sgd": warned(_OD_WARMUP + " (it sends float32)", "kw_accept"),
               "ripples-static": ok("none or fp16 (what P-Reduce sends); any other compressor: ValueError",
                                    "mpi_compat")},
            balanced=ok("none or fp16 (what its gradient allreduce sends); any other compressor: ValueError",
@@ -96,7 +97,7 @@ ROWS = [
                             f"(ValueError, {T['kw_bad']}); fp16 is not trained with in a test of this mode"),
            auto=untested(_AUTO_KW)),
     _kwarg("sparse_as_dense", allreduce=ok("handed to Horovod unchanged", "kw_pass"),
-           **{"od-sgd": untested(_OD_WARMUP)},
+           **{"od-sgd": untested("Horovod's in the warm-up; after it OD-SGD's gradients are made dense anyway")},
            balanced=untested("its gradient sums are dense anyway"),
            wrapped=ok("IndexedSlices gradients made dense before the local update (the shared wrapper); "
                       "ripples-random also under MPI in " + T["mpi_compat"], "kw_sparse"),
