@@ -38,7 +38,8 @@ class BuildTfOps(build_ext):
     """Runs tf_ops/Makefile and the protobuf generator instead of setuptools' own compiler driver."""
 
     def run(self):
-        subprocess.check_call(["make", "-C", os.path.join(HERE, "tf_ops"), f"PYTHON={sys.executable}"])
+        jobs = f"-j{os.cpu_count() or 1}"  # one compiler per core: the ops are ~20 files (tf_ops/Makefile is -j safe)
+        subprocess.check_call(["make", jobs, "-C", os.path.join(HERE, "tf_ops"), f"PYTHON={sys.executable}"])
         sys.path.insert(0, HERE)
         from hetsync.coordinator import _proto
 

@@ -37,6 +37,7 @@ import horovod.tensorflow.keras as hvd  # noqa: E402
 import hetsync  # noqa: E402
 import hetsync.training  # noqa: E402
 import keras_callbacks  # noqa: E402
+from common import load_digits  # noqa: E402  (examples/common.py, beside this script)
 
 
 def parse():
@@ -77,11 +78,8 @@ def parse():
 
 
 def digits_images(seed):
-    from sklearn.datasets import load_digits
-
-    data = load_digits()
-    x = (data.images / 16.0).astype("float32")[..., None]
-    y = data.target.astype("int64")
+    images, y = load_digits()  # scikit-learn's digits (examples/common.py reads them without importing sklearn)
+    x = (images / 16.0).astype("float32")[..., None]
     order = np.random.default_rng(seed).permutation(len(x))
     x, y = x[order], y[order]
     cut = int(0.8 * len(x))

@@ -43,6 +43,7 @@ import tensorflow as tf  # noqa: E402
 import horovod.tensorflow as hvd  # noqa: E402
 
 import hetsync  # noqa: E402
+from common import load_digits  # noqa: E402  (examples/common.py, beside this script)
 
 
 def parse():
@@ -63,11 +64,8 @@ def parse():
 
 
 def digits(seed):
-    from sklearn.datasets import load_digits
-
-    data = load_digits()
-    x = (data.images / 16.0).astype("float32")[..., None]
-    y = data.target.astype("int64")
+    images, y = load_digits()  # scikit-learn's digits (examples/common.py reads them without importing sklearn)
+    x = (images / 16.0).astype("float32")[..., None]
     order = np.random.default_rng(seed).permutation(len(x))
     return x[order], y[order]
 

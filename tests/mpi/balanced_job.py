@@ -24,6 +24,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 import horovod.tensorflow as hvd_tf  # noqa: E402
 import horovod.tensorflow.keras as hvd  # noqa: E402
@@ -32,6 +33,7 @@ import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
 import keras_callbacks  # noqa: E402
+from common import load_digits  # noqa: E402
 
 LR, BATCH, DIM, STEPS, EPOCHS, CHANGE_AT = 0.05, 8, 4, 20, 3, 30
 OPTIONS = {"replan_every": 4, "window": 2}
@@ -85,12 +87,10 @@ class StopOn(tf.keras.callbacks.Callback):
 def horovod_split(mode, optimizer=None, same_init=False, **kwargs):
     """Weights after 12 Keras steps of a CNN with BatchNorm (Adam unless ``optimizer``) in ``mode`` (balanced held at
     Horovod's split), with Horovod's ``kwargs``."""
-    from sklearn.datasets import load_digits
-
     rank, size = hvd.rank(), hvd.size()
-    digits = load_digits()
-    x = (digits.images / 16.0).astype(np.float32)[rank::size, :, :, None]
-    y = digits.target[rank::size]
+    images, target = load_digits()
+    x = (images / 16.0).astype(np.float32)[rank::size, :, :, None]
+    y = target[rank::size]
     # (with backward_passes_per_step=2 Horovod's first-batch broadcast comes between the two passes of the first
     # update, and balanced's after it: the ranks start from one model so that the broadcast changes nothing)
     tf.keras.utils.set_random_seed(5 + (0 if same_init else rank))

@@ -24,6 +24,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 import horovod.tensorflow as hvd  # noqa: E402
 import numpy as np  # noqa: E402
@@ -31,6 +32,7 @@ import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
 from hetsync import algorithms  # noqa: E402
+from common import load_digits  # noqa: E402
 
 SLOW, FACTOR, COMPUTE = 3, 5, 0.01
 OPTIONS = {"hop": {"max_ig": 12, "backup_workers": 1, "skip": 10, "skip_trigger": 2}}
@@ -40,10 +42,8 @@ DECOUPLED = ("ripples-smart", "eager-solo", "hop", "esync")
 
 
 def data():
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    return (d.images / 16.0).astype("float32")[..., None], d.target.astype("int64")
+    images, target = load_digits()
+    return (images / 16.0).astype("float32")[..., None], target
 
 
 def checksum(model):

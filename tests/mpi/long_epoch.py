@@ -15,6 +15,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 import horovod.tensorflow as hvd_tf  # noqa: E402
 import horovod.tensorflow.keras as hvd  # noqa: E402
@@ -25,6 +26,7 @@ import hetsync  # noqa: E402
 import hetsync.training  # noqa: E402
 import keras_callbacks  # noqa: E402
 from hetsync import algorithms  # noqa: E402
+from common import load_digits  # noqa: E402
 
 SLACK_S = 30.0
 
@@ -77,10 +79,8 @@ def main():
     hvd.init()
     hetsync.init()
     rank = hvd.rank()
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    x, y = (d.images / 16.0).astype("float32")[..., None], d.target.astype("int64")
+    images, y = load_digits()
+    x = (images / 16.0).astype("float32")[..., None]
     modes = sys.argv[1].split(",") if len(sys.argv) > 1 else algorithms.available_modes() + ["auto"]
     bad_steps_are_refused_everywhere(x, y)
     for i, mode in enumerate(modes):

@@ -22,6 +22,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 import horovod.tensorflow as hvd_tf  # noqa: E402
 import horovod.tensorflow.keras as hvd  # noqa: E402
@@ -32,16 +33,15 @@ import hetsync  # noqa: E402
 import hetsync.training  # noqa: E402
 import keras_callbacks  # noqa: E402
 from hetsync import algorithms  # noqa: E402
+from common import load_digits  # noqa: E402
 
 STEPS, EPOCHS = 6, 2
 _TAGS = iter(range(10 ** 6))
 
 
 def digits():
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    return (d.images / 16.0).astype("float32")[..., None], d.target.astype("int64")
+    images, target = load_digits()
+    return (images / 16.0).astype("float32")[..., None], target
 
 
 def tokens(rank):
