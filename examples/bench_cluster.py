@@ -9,8 +9,8 @@ names, tbf-limited links, cgroup CPU quotas; root), each part a ratio against pl
    (tests/mpi/bench_partial.py, 16 KB, 2 ms linear skew) against MPI_Allreduce of the same size and ranks, over
    TCP between 2 hosts x 2 ranks on 1 Gbit/s links.
 2. modes: every mode against Horovod's allreduce, 2 hosts x 2 ranks, host h2 CPU-throttled by its cgroup to
-   --slow-cpu of one core for its two ranks (h1's two ranks share the rest of the machine: about 5x the CPU per
-   rank; real slowness, no sleep): time to a target mean test loss on digits.
+   --slow-cpu of one core for its two ranks (default 0.33: h1's two ranks share the other 1.67 cores, 5x the CPU
+   per rank; real slowness, no sleep): time to a target mean test loss on digits.
 3. od: OD-SGD's overlap (§3) on 2 hosts x 2 ranks with a --od-rate link, the wide MLP of bench_esync_od.py.
    Calibration: an od-sgd run without emulated compute measures the transfer T_com, an allreduce run T_sync =
    T_real + T_com; every measured run then emulates E = T_com - T_real of compute, so T_cop = E + T_real ~ T_com
@@ -255,7 +255,8 @@ def main(argv=None):
     p.add_argument("--target-accuracy", type=float, default=0.85)
     p.add_argument("--base-time", type=float, default=0.03, help="hop, ripples: emulated compute per step, s")
     p.add_argument("--modes", default=",".join(MODES), help="modes: which (allreduce first: the reference)")
-    p.add_argument("--slow-cpu", type=float, default=0.4, help="modes: CPU of host h2 (cores, for its 2 ranks)")
+    p.add_argument("--slow-cpu", type=float, default=0.33,
+                   help="modes: CPU of host h2 (cores, for its 2 ranks; 0.33: h1's get the other 1.67, 5x per rank)")
     p.add_argument("--od-rate", default="100mbit")
     p.add_argument("--od-hidden", type=int, default=4096)
     p.add_argument("--od-batch", type=int, default=16)
