@@ -34,6 +34,12 @@ def load_digits():
     return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype("int64")
 
 
+def digit_images():
+    """The digits as images for a Conv2D model: (x (1797, 8, 8, 1) float32 in [0, 1], y int64), unshuffled."""
+    images, target = load_digits()
+    return (images / 16.0).astype("float32")[..., None], target
+
+
 def digits(seed=0):
     """scikit-learn's bundled 8x8 digits: (x_train, y_train, x_test, y_test), features scaled to [0, 1]."""
     images, target = load_digits()

@@ -37,7 +37,7 @@ import horovod.tensorflow.keras as hvd  # noqa: E402
 import hetsync  # noqa: E402
 import hetsync.training  # noqa: E402
 import keras_callbacks  # noqa: E402
-from common import load_digits  # noqa: E402  (examples/common.py, beside this script)
+from common import digit_images  # noqa: E402  (examples/common.py, beside this script)
 
 
 def parse():
@@ -78,8 +78,7 @@ def parse():
 
 
 def digits_images(seed):
-    images, y = load_digits()  # scikit-learn's digits (examples/common.py reads them without importing sklearn)
-    x = (images / 16.0).astype("float32")[..., None]
+    x, y = digit_images()  # scikit-learn's digits (examples/common.py reads them without importing sklearn)
     order = np.random.default_rng(seed).permutation(len(x))
     x, y = x[order], y[order]
     cut = int(0.8 * len(x))

@@ -43,7 +43,7 @@ import tensorflow as tf  # noqa: E402
 import horovod.tensorflow as hvd  # noqa: E402
 
 import hetsync  # noqa: E402
-from common import load_digits  # noqa: E402  (examples/common.py, beside this script)
+from common import digit_images  # noqa: E402  (examples/common.py, beside this script)
 
 
 def parse():
@@ -64,8 +64,7 @@ def parse():
 
 
 def digits(seed):
-    images, y = load_digits()  # scikit-learn's digits (examples/common.py reads them without importing sklearn)
-    x = (images / 16.0).astype("float32")[..., None]
+    x, y = digit_images()  # scikit-learn's digits (examples/common.py reads them without importing sklearn)
     order = np.random.default_rng(seed).permutation(len(x))
     return x[order], y[order]
 

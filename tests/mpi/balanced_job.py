@@ -33,7 +33,7 @@ import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
 import keras_callbacks  # noqa: E402
-from common import load_digits  # noqa: E402
+from common import digit_images  # noqa: E402
 
 LR, BATCH, DIM, STEPS, EPOCHS, CHANGE_AT = 0.05, 8, 4, 20, 3, 30
 OPTIONS = {"replan_every": 4, "window": 2}
@@ -88,9 +88,8 @@ def horovod_split(mode, optimizer=None, same_init=False, **kwargs):
     """Weights after 12 Keras steps of a CNN with BatchNorm (Adam unless ``optimizer``) in ``mode`` (balanced held at
     Horovod's split), with Horovod's ``kwargs``."""
     rank, size = hvd.rank(), hvd.size()
-    images, target = load_digits()
-    x = (images / 16.0).astype(np.float32)[rank::size, :, :, None]
-    y = target[rank::size]
+    x, y = digit_images()
+    x, y = x[rank::size], y[rank::size]
     # (with backward_passes_per_step=2 Horovod's first-batch broadcast comes between the two passes of the first
     # update, and balanced's after it: the ranks start from one model so that the broadcast changes nothing)
     tf.keras.utils.set_random_seed(5 + (0 if same_init else rank))

@@ -32,7 +32,7 @@ import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
 from hetsync import algorithms  # noqa: E402
-from common import load_digits  # noqa: E402
+from common import digit_images  # noqa: E402
 
 SLOW, FACTOR, COMPUTE = 3, 5, 0.01
 OPTIONS = {"hop": {"max_ig": 12, "backup_workers": 1, "skip": 10, "skip_trigger": 2}}
@@ -42,8 +42,7 @@ DECOUPLED = ("ripples-smart", "eager-solo", "hop", "esync")
 
 
 def data():
-    images, target = load_digits()
-    return (images / 16.0).astype("float32")[..., None], target
+    return digit_images()
 
 
 def checksum(model):

@@ -26,7 +26,7 @@ import hetsync  # noqa: E402
 import hetsync.training  # noqa: E402
 import keras_callbacks  # noqa: E402
 from hetsync import algorithms  # noqa: E402
-from common import load_digits  # noqa: E402
+from common import digit_images  # noqa: E402
 
 SLACK_S = 30.0
 
@@ -79,8 +79,7 @@ def main():
     hvd.init()
     hetsync.init()
     rank = hvd.rank()
-    images, y = load_digits()
-    x = (images / 16.0).astype("float32")[..., None]
+    x, y = digit_images()
     modes = sys.argv[1].split(",") if len(sys.argv) > 1 else algorithms.available_modes() + ["auto"]
     bad_steps_are_refused_everywhere(x, y)
     for i, mode in enumerate(modes):

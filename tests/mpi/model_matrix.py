@@ -33,15 +33,14 @@ import hetsync  # noqa: E402
 import hetsync.training  # noqa: E402
 import keras_callbacks  # noqa: E402
 from hetsync import algorithms  # noqa: E402
-from common import load_digits  # noqa: E402
+from common import digit_images  # noqa: E402
 
 STEPS, EPOCHS = 6, 2
 _TAGS = iter(range(10 ** 6))
 
 
 def digits():
-    images, target = load_digits()
-    return (images / 16.0).astype("float32")[..., None], target
+    return digit_images()
 
 
 def tokens(rank):
