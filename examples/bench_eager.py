@@ -183,7 +183,7 @@ def imbalance(args, progress):
                           time_to_target=None if reached is None else reached - start,
                           metrics=summaries[0].get("algorithm", {}))
         progress.step(f"imbalance {mode}: {runs[mode]['steps_per_s']:.2f} steps/s, time to accuracy "
-                      f"{args.target_accuracy}: {runs[mode]['time_to_target']}, final {runs[mode]['accuracy']:.3f}")
+                      f"{args.target_accuracy}: {_secs(runs[mode]['time_to_target'])}, final {runs[mode]['accuracy']:.3f}")
     ar, maj = runs["allreduce"], runs["eager-majority"]
     ratio = ar["time_to_target"] / maj["time_to_target"] if ar["time_to_target"] and maj["time_to_target"] else None
     return dict(runs=runs, speedup=ratio, accuracy_diff_points=100 * (maj["accuracy"] - ar["accuracy"])), curves
