@@ -12,6 +12,7 @@ import json
 import os
 import re
 
+HATCHES = ("//", "\\\\", "xx", "..")  # injected phases: one pattern each, in order
 
 def load(logdir):
     """{rank: [records]} from LOGDIR; FileNotFoundError names where it looked."""
@@ -115,14 +116,15 @@ def plot(records, t0, switches, path, phases=()):
             ax.axvspan(start, stop, color=colour, alpha=0.45, lw=0, zorder=0)
     # the injected slowdown phases (write_phases: steps), placed in time by the first rank's records
     steps = [(r["position"], r["time"] - t0) for r in rates[first]]
-    hatched = []
+    hatched = []  # (label, hatch): one pattern per phase, so that two adjacent phases stay apart
     for a, b, label in phases:
         if not steps:
             break
         when = [_time_of_step(steps, x, end) for x in (a, b)]
+        pattern = HATCHES[len(hatched) % len(HATCHES)]
         for ax in axes:
-            ax.axvspan(*when, facecolor="none", edgecolor="0.55", hatch="//", lw=0, zorder=0.5)
-        hatched.append(label)
+            ax.axvspan(*when, facecolor="none", edgecolor="0.55", hatch=pattern, lw=0, zorder=0.5)
+        hatched.append((label, pattern))
     for rank, rs in sorted(rates.items()):
         t = [r["time"] - t0 for r in rs]
         for ax, key in ((axes[0], "rate"), (axes[1], "compute_rate")):
@@ -149,7 +151,7 @@ def plot(records, t0, switches, path, phases=()):
     axes[-1].set_xlabel("time since start (s)")
     axes[0].legend(fontsize=7, ncol=4, loc="lower left")
     background = [Patch(color=c, alpha=0.45, label=f"mode: {m}") for m, c in colours.items()]
-    background += [Patch(facecolor="none", edgecolor="0.55", hatch="//", label=f"injected: {x}") for x in hatched]
+    background += [Patch(facecolor="none", edgecolor="0.55", hatch=h, label=f"injected: {x}") for x, h in hatched]
     if background:
         axes[1].legend(handles=background, fontsize=7, ncol=2, loc="lower left")
     smoothed = (f"rolling mean of {window} records (~{window * every:.0f} s; faint: raw)" if window > 1 else
