@@ -1,7 +1,7 @@
 """Side-by-side benchmark of sync modes under the papers' heterogeneity protocols, all from one run.
 
 For each scenario (workers, slowdown) and each mode it launches ``horovodrun --mpi -np N examples/train.py`` on the
-same seeds and data, then reports, per mode: time to the target loss, steps/s per worker, the consensus model's
+same seeds and data, then reports, per mode: time to the target loss, each worker's own iterations/s, the consensus model's
 final loss/accuracy, and method metrics.  Writes ``results.csv``, ``results.md`` and ``loss_vs_time.png``.
 
 Time to target: every worker evaluates its *local* model on the fixed test set every ``eval_every`` steps; at any
@@ -91,14 +91,25 @@ def time_to_target(curve, target):
     return next((t for t, loss in curve if loss <= target), None)
 
 
+def own_rate(summary):
+    """A worker's own optimizer steps per second of its training.  Not train.py's ``steps_per_s`` (the job's steps
+    per rank over the time to the job's end): every rank ends the job together, a slow one having taken fewer of
+    its steps.  Logs from before train.py wrote ``iterations_per_s`` give it as samples / its default batch of 32."""
+    if "iterations_per_s" in summary:
+        return summary["iterations_per_s"]
+    if "samples" in summary:
+        return summary["samples"] / 32 / summary["train_time_s"]
+    return summary["steps_per_s"]
+
+
 def summarize(workers, scenario, mode, log_dir, wall, target):
     summaries = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(log_dir, "summary*.json")))]
     curve = mean_loss_curve(load_curves(log_dir))
-    rates = [s["steps_per_s"] for s in sorted(summaries, key=lambda s: s["rank"])]
+    rates = [own_rate(s) for s in sorted(summaries, key=lambda s: s["rank"])]
     row = {"workers": workers, "scenario": scenario, "mode": mode,
            "time_to_target_s": time_to_target(curve, target), "job_wall_s": round(wall, 2),
-           "steps_per_s_min": round(min(rates), 2), "steps_per_s_max": round(max(rates), 2),
-           "steps_per_s": " ".join(f"{r:.1f}" for r in rates),
+           "iterations_per_s_min": round(min(rates), 2), "iterations_per_s_max": round(max(rates), 2),
+           "iterations_per_s": " ".join(f"{r:.1f}" for r in rates),
            "final_loss": round(summaries[0]["consensus_loss"], 4),
            "final_accuracy": summaries[0].get("consensus_accuracy")}
     metrics = summaries[0].get("algorithm") or {}
@@ -120,7 +131,7 @@ def write_outputs(rows, curves, out, target):
         writer.writerows(rows)
     base = {(r["workers"], r["scenario"]): r["time_to_target_s"] for r in rows if r["mode"] == "allreduce"}
     lines = [f"Target loss {target}. Speedup = allreduce's time to target / the mode's (same run).", "",
-             "| workers | scenario | mode | time to target (s) | speedup vs allreduce | steps/s per worker | "
+             "| workers | scenario | mode | time to target (s) | speedup vs allreduce | iterations/s per worker | "
              "final loss | final accuracy | GG conflicts | GG request p50/p99 (ms) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -128,7 +139,7 @@ def write_outputs(rows, curves, out, target):
         speedup = f"{ref / ttt:.2f}x" if ttt and ref else "n/a"
         acc = r["final_accuracy"]
         lines.append(f"| {r['workers']} | {r['scenario']} | {r['mode']} | "
-                     f"{'not reached' if ttt is None else f'{ttt:.1f}'} | {speedup} | {r['steps_per_s']} | "
+                     f"{'not reached' if ttt is None else f'{ttt:.1f}'} | {speedup} | {r['iterations_per_s']} | "
                      f"{r['final_loss']} | {'' if acc is None else f'{acc:.3f}'} | {r.get('gg_conflicts', '')} | "
                      f"{gg_latency(r)} |")
     table = "\n".join(lines) + "\n"
@@ -191,7 +202,7 @@ def run_case(n, scenario, mode, args, progress=None):
     row, curve = summarize(n, scenario, mode, log_dir, wall, args.target)
     ttt = row["time_to_target_s"]
     done = (f"{n} workers, {scenario}, {mode}: time to target {'not reached' if ttt is None else f'{ttt:.1f} s'}, "
-            f"steps/s {row['steps_per_s']}, final loss {row['final_loss']}")
+            f"iterations/s {row['iterations_per_s']}, final loss {row['final_loss']}")
     if progress is None:
         print(f"[bench]   {done}", flush=True)
     else:

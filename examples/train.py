@@ -134,7 +134,10 @@ def main(argv=None):
     summary = {"rank": rank, "size": size, "sync": args.sync, "steps": steps, "train_time_s": train_time,
                "steps_per_s": steps / train_time, "consensus_loss": result["loss"],
                "consensus_accuracy": result.get("accuracy"), "algorithm": hetsync.metrics(model),
-               "samples": int(model.optimizer.iterations.numpy()) * args.batch_size}
+               "samples": int(model.optimizer.iterations.numpy()) * args.batch_size,
+               # this worker's own optimizer steps: under a job budget a fast worker takes more than `steps`
+               "iterations": int(model.optimizer.iterations.numpy()),
+               "iterations_per_s": int(model.optimizer.iterations.numpy()) / train_time}
     weights = np.concatenate([w.ravel() for w in model.get_weights()])
     summary["weights_checksum"] = float(np.sum(weights * np.arange(1, weights.size + 1) % 7))
     if args.log_dir:
