@@ -20,6 +20,16 @@ def test_mean_of_latest_losses_and_first_time_below_target():
     assert time_to_target(curve, 0.1) is None
 
 
+def test_iterations_per_worker_are_its_own_not_the_jobs_pace():
+    """Under a job budget every rank ends together: train.py's steps/s (job steps per rank over the time to the
+    end) is the same for a slow rank as for a fast one; the table's column must show each worker's own steps."""
+    from benchmark import own_rate
+
+    fast = {"steps_per_s": 13.6, "train_time_s": 14.7, "iterations": 221, "iterations_per_s": 221 / 14.7}
+    slow = {"steps_per_s": 13.5, "train_time_s": 14.9, "samples": 55 * 32}  # a log from before iterations_per_s
+    assert round(own_rate(fast), 1) == 15.0 and round(own_rate(slow), 1) == 3.7
+
+
 # -- progress of the drivers (examples/common.py: Progress, TaggedLines, run_streamed; benchmark.py's loop) -----------
 
 import json  # noqa: E402

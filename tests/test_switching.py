@@ -68,6 +68,9 @@ def test_report_of_records_and_missing_logdir(tmp_path):
                 lines.append({"kind": "switch", "id": 1, "from": "allreduce", "to": "hop", "options": {},
                               "reason": "requested", "position": 25, "time": 102.5, "seconds": 0.2})
         (folder / f"rank{rank}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    from hetsync.report import write_phases
+
+    write_phases(str(tmp_path), [(10, 30, "rank 1 5x slower"), (30, 50, "random")])  # two adjacent hatched phases
     png, md = write_report(str(tmp_path))
     text = open(md).read()
     assert "| 0 | 50 | 10.0 | 20.0 | 2.5 s (50%) | hop |" in text, text
