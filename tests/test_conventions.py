@@ -61,20 +61,17 @@ def test_pep517_build_files():
     assert 'license="Apache-2.0"' in setup_py and "long_description=" in setup_py
 
 
-def test_bench_help_names_the_command(monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", list(sys.argv))  # the command sets both for examples/benchmark.py
-    monkeypatch.setattr(sys, "path", list(sys.path))
+def test_api_doc_lists_exactly_the_commands_the_parser_has():
+    """docs/api.md's command block names every subcommand of `hetsync` and no other (a dropped `hetsync bench`, or a
+    new command left undocumented, fails here)."""
+    text = open(os.path.join(ROOT, "docs", "api.md"), encoding="utf-8").read()
+    block = text.split("## Command line", 1)[1].split("```text", 1)[1].split("```", 1)[0]
+    documented = {line.split()[1] for line in block.strip().splitlines() if not line.split()[1].startswith("-")}
+    actions = [a for a in cli.parser()._actions if a.dest == "command"]
+    assert documented == set(actions[0].choices), (documented, set(actions[0].choices))
     with pytest.raises(SystemExit) as exc:
-        cli.main(["bench", "--help"])
-    assert exc.value.code == 0
-    assert capsys.readouterr().out.startswith("usage: hetsync bench ")
-
-
-def test_bench_outside_a_checkout_says_where_the_benchmarks_are(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(cli, "ROOT", str(tmp_path))
-    assert cli.main(["bench", "--preset", "demo"]) == 2
-    err = capsys.readouterr().err
-    assert "ship with the source tree" in err and "Clone the hetsync repository" in err
+        cli.main(["bench", "--preset", "demo"])
+    assert exc.value.code == 2
 
 
 # ----- the "hetsync" logger -----

@@ -80,9 +80,6 @@ def test_report_of_records_and_missing_logdir(tmp_path):
     empty = subprocess.run([sys.executable, "-m", "hetsync.cli", "report", str(tmp_path / "nothing")], cwd=ROOT,
                            capture_output=True, text=True, timeout=120)
     assert empty.returncode == 2 and "no hetsync report records" in empty.stderr
-    bench = subprocess.run([sys.executable, "-m", "hetsync.cli", "bench", "--help"], cwd=ROOT, capture_output=True,
-                           text=True, timeout=120)
-    assert bench.returncode == 0 and "--preset" in bench.stdout  # `hetsync bench` is examples/benchmark.py
 
 
 def test_sync_mode_schedule_and_auto_settings_are_checked():
