@@ -87,12 +87,24 @@ def task(name, seed=0, hidden=64):
     raise ValueError(f"unknown task {name!r}; valid: digits, hyperplane")
 
 
+def without_autotune(ds):
+    """``ds`` with tf.data's autotuning off.  TensorFlow 2.15 can block the deletion of a long-lived iterator (the
+    end of ``fit``, of a ``hetsync.job_steps`` loop) until its autotune thread's current period ends, up to 60 s,
+    on one rank while the others wait for it in the next collective (docs/limitations.md).  These jobs' pipelines
+    have nothing to tune; the two Horovod examples keep TensorFlow's defaults, as users write them."""
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return ds.with_options(options)
+
+
 def shard(x, y, rank, size, batch_size, seed):
-    """This rank's shard, shuffled and repeated, in batches."""
+    """This rank's shard, shuffled and repeated, in batches (tf.data autotuning off: without_autotune)."""
     import tensorflow as tf
 
     ds = tf.data.Dataset.from_tensor_slices((x[rank::size], y[rank::size]))
-    return ds.shuffle(len(x), seed=seed + rank).repeat().batch(batch_size, drop_remainder=True)
+    return without_autotune(ds.shuffle(len(x), seed=seed + rank).repeat().batch(batch_size, drop_remainder=True))
 
 
 def _eval_logger_class():

@@ -33,7 +33,7 @@ import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
 import keras_callbacks  # noqa: E402
-from common import digit_images  # noqa: E402
+from common import digit_images, without_autotune  # noqa: E402
 
 LR, BATCH, DIM, STEPS, EPOCHS, CHANGE_AT = 0.05, 8, 4, 20, 3, 30
 OPTIONS = {"replan_every": 4, "window": 2}
@@ -98,7 +98,7 @@ def horovod_split(mode, optimizer=None, same_init=False, **kwargs):
     options = {"max_share": 1.0} if mode == "balanced" else {}
     opt = hetsync.DistributedOptimizer(optimizer or tf.keras.optimizers.Adam(0.01), sync=mode, **options, **kwargs)
     model.compile(opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(16)
+    data = without_autotune(tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(16))
     model.fit(data, steps_per_epoch=12, epochs=1, verbose=0,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
     return [w for w in model.get_weights()]
@@ -109,7 +109,7 @@ def main():
     hetsync.init()
     rank, size = hvd.rank(), hvd.size()
     x, y = rank_data(rank)
-    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).repeat()
+    data = without_autotune(tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).repeat())
     model = tf.keras.Sequential([tf.keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")])
     opt = hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(LR), sync="balanced", **OPTIONS)
     model.compile(opt, loss="mse")

@@ -32,7 +32,7 @@ import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
 from hetsync import algorithms  # noqa: E402
-from common import digit_images  # noqa: E402
+from common import digit_images, without_autotune  # noqa: E402
 
 SLOW, FACTOR, COMPUTE = 3, 5, 0.01
 OPTIONS = {"hop": {"max_ig": 12, "backup_workers": 1, "skip": 10, "skip_trigger": 2}}
@@ -53,7 +53,7 @@ def checksum(model):
 def one_loop(mode, x, y, own, budget, tag):
     rank, size = hvd.rank(), hvd.size()
     tf.keras.utils.set_random_seed(rank + 7)
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().shuffle(500, seed=rank).batch(32)
+    dataset = without_autotune(tf.data.Dataset.from_tensor_slices((x, y)).repeat().shuffle(500, seed=rank).batch(32))
     model = tf.keras.Sequential([tf.keras.layers.Conv2D(8, 3, activation="relu"), tf.keras.layers.Flatten(),
                                  tf.keras.layers.Dense(10)])
     loss = tf.losses.SparseCategoricalCrossentropy(from_logits=True)

@@ -26,7 +26,7 @@ import hetsync  # noqa: E402
 import hetsync.training  # noqa: E402
 import keras_callbacks  # noqa: E402
 from hetsync import algorithms  # noqa: E402
-from common import digit_images  # noqa: E402
+from common import digit_images, without_autotune  # noqa: E402
 
 SLACK_S = 30.0
 
@@ -66,7 +66,7 @@ def bad_steps_are_refused_everywhere(x, y):
     model = tf.keras.Sequential([tf.keras.layers.Flatten(), tf.keras.layers.Dense(10)])
     model.compile(loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   optimizer=hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), sync="ripples-smart"))
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(32)
+    ds = without_autotune(tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(32))
     try:
         model.fit(ds, steps_per_epoch=0 if hvd.rank() == 2 else 5, epochs=1, verbose=0)
     except ValueError as e:
@@ -84,7 +84,7 @@ def main():
     bad_steps_are_refused_everywhere(x, y)
     for i, mode in enumerate(modes):
         tf.keras.utils.set_random_seed(rank)
-        ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().shuffle(500, seed=rank).batch(32)
+        ds = without_autotune(tf.data.Dataset.from_tensor_slices((x, y)).repeat().shuffle(500, seed=rank).batch(32))
         model = tf.keras.Sequential([tf.keras.layers.Flatten(), tf.keras.layers.Dense(32, activation="relu"),
                                      tf.keras.layers.Dense(10)])
         model.compile(loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),

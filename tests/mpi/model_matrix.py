@@ -33,7 +33,7 @@ import hetsync  # noqa: E402
 import hetsync.training  # noqa: E402
 import keras_callbacks  # noqa: E402
 from hetsync import algorithms  # noqa: E402
-from common import digit_images  # noqa: E402
+from common import digit_images, without_autotune  # noqa: E402
 
 STEPS, EPOCHS = 6, 2
 _TAGS = iter(range(10 ** 6))
@@ -62,7 +62,7 @@ def same_everywhere(what, weights):
 
 def fit(model, opt, x, y, mode):
     rank = hvd.rank()
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().shuffle(256, seed=rank).batch(16)
+    ds = without_autotune(tf.data.Dataset.from_tensor_slices((x, y)).repeat().shuffle(256, seed=rank).batch(16))
     model.compile(loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), optimizer=opt)
     lr = float(tf.keras.backend.get_value(model.optimizer.lr))
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback(),
