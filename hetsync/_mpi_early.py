@@ -45,6 +45,16 @@ def init_before_horovod():
     return True
 
 
+def horovod_owns_mpi():
+    """True when a launcher started this process, hetsync's early start was not turned off, and MPI was started by
+    someone else (``hvd.init()`` ran before ``import hetsync``): Horovod then finalizes MPI on its own thread when
+    any rank exits, possibly under the engine's thread (hetsync.init warns)."""
+    from hetsync import env
+
+    return (_STATE["lib"] is None and "OMPI_COMM_WORLD_SIZE" in os.environ
+            and env.get("HETSYNC_EARLY_MPI") != "0")
+
+
 def apply_defaults(environ):
     """:data:`MPI_DEFAULTS` into ``environ`` where the user has not set them (read by MPI_Init_thread)."""
     for name, value in MPI_DEFAULTS.items():

@@ -79,6 +79,7 @@ def init(timeout=None, comm_cache_size=None, away_after=None):
     from hetsync import _logging
 
     _logging.configure(hvd.rank())  # the "hetsync" logger's defaults, unless the application set it up
+    _warn_if_horovod_owns_mpi(hvd.rank())
     from hetsync import ops
     ops.set_away_after(away_after)
     ops.engine_start(timeout=timeout, cache_size=comm_cache_size)
@@ -96,6 +97,21 @@ def init(timeout=None, comm_cache_size=None, away_after=None):
     training.install()
     _watch_for_failure()
     _at_exit(shutdown)
+
+
+def _warn_if_horovod_owns_mpi(rank):
+    """``hvd.init()`` before ``import hetsync`` leaves MPI's finalization to Horovod's thread, which runs it as soon as
+    any rank exits: a rank whose engine is still inside an MPI call then crashes at exit (signal 11, rarely; seen
+    in the engine tests' harness).  Said once, on rank 0."""
+    from hetsync import _mpi_early
+
+    if rank == 0 and _mpi_early.horovod_owns_mpi():
+        import logging
+
+        logging.getLogger("hetsync").warning(
+            "hvd.init() ran before `import hetsync`: Horovod started MPI and finalizes it on its own thread as soon as "
+            "any rank exits, which can crash a rank's hetsync engine at exit; put `import hetsync` before hvd.init() "
+            "(docs/engine.md, 'Who finalizes MPI'; HETSYNC_EARLY_MPI=0 silences this)")
 
 
 def _watch_for_failure():

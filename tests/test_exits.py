@@ -6,7 +6,7 @@ import threading
 import time
 
 import pytest
-from conftest import mpi_env, run_mpi
+from conftest import HOROVOD_OWNS_MPI, assert_ok, mpi_env, run_mpi
 from stress_exits import SIGNALS
 
 
@@ -32,3 +32,13 @@ def test_shutdown_stops_every_thread_and_server_it_started():
     rank 0's server stopped (tests/mpi/shutdown_threads.py)."""
     proc = run_mpi(1, "tests/mpi/shutdown_threads.py", timeout=120)
     assert proc.returncode == 0 and "OK rank=0" in proc.stdout, proc.stdout[-3000:]
+
+
+def test_hvd_init_before_import_hetsync_is_named_with_its_fix():
+    """hvd.init() before `import hetsync` leaves MPI's finalization to Horovod's thread (a rank's engine can then die
+    at exit): hetsync.init() warns once, on rank 0, naming the order to use; every other job of the suite imports
+    hetsync first and must not see it (conftest.assert_ok)."""
+    proc = run_mpi(2, "tests/mpi/init_order.py", timeout=120)
+    assert proc.returncode == 0 and "OK rank=0" in proc.stdout and "OK rank=1" in proc.stdout, proc.stdout[-3000:]
+    assert proc.stdout.count(HOROVOD_OWNS_MPI) == 1, proc.stdout[-3000:]
+    assert "put `import hetsync` before hvd.init()" in proc.stdout, proc.stdout[-3000:]

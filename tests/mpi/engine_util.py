@@ -13,6 +13,7 @@ if ROOT not in sys.path:
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+import hetsync  # noqa: E402,F401 -- before hvd.init(), as scripts do: MPI is hetsync's to finalize (docs/engine.md)
 import horovod.tensorflow as hvd  # noqa: E402
 
 INT_DTYPES = (np.int32, np.int64)
