@@ -72,9 +72,13 @@ def run_workers(address, secret, n, iterations, seed=0, checker=None):
     stop = threading.Event()
 
     def monitor():
-        while not stop.is_set():
-            checker()
-            time.sleep(0.01)
+        # an invariant that breaks is reported to the test through ``errors`` (a bare raise would only end the thread)
+        try:
+            while not stop.is_set():
+                checker()
+                time.sleep(0.01)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(("monitor", exc))
 
     mon = threading.Thread(target=monitor, daemon=True) if checker else None
     if mon:
