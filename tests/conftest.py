@@ -19,6 +19,11 @@ MPI_ENV = {
 }
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "full: a long variant that only `make test-full` runs (`make test` runs a "
+                                       "shorter job checking the same property in every mode)")
+
+
 def mpi_env(**extra):
     env = dict(os.environ, **MPI_ENV, **{k: str(v) for k, v in extra.items()})
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
