@@ -11,7 +11,7 @@ export OMPI_MCA_btl_vader_single_copy_mechanism := none
 export TF_CPP_MIN_LOG_LEVEL := 2
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install build test test-cluster demo bench bench-cluster clean
+.PHONY: install build test test-full test-cluster demo bench bench-cluster clean
 
 install:
 	bash scripts/install.sh
@@ -19,8 +19,15 @@ install:
 build:
 	$(MAKE) -C tf_ops PYTHON=$(abspath $(PY))
 
+# `make test`: the suite CI runs (about 15 minutes on 2 cores); `make test-full` adds the long variants marked `full`
+# (every ordered pair of modes switched, 181 switches).  -ra: every skip and xfail is listed with its reason.
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider -ra --durations=40
+
 test: install
-	$(PY) -m pytest -q -p no:cacheprovider --durations=40 tests
+	$(PYTEST) -m "not full" tests
+
+test-full: install
+	$(PYTEST) tests
 
 # The 2-host job alone (it is part of `test` too): scripts/cluster.sh's emulated cluster, root.
 test-cluster: install

@@ -10,14 +10,16 @@ import pytest
 from conftest import ROOT, assert_ok, run_mpi
 
 
-def test_every_ordered_pair_switches_at_epoch_ends_and_mid_epoch():
-    """4 ranks, rank 3 5x slower: every ordered pair of registered modes switches at an epoch start (schedule) and
+@pytest.mark.parametrize("walk", ["cycle", pytest.param("pairs", marks=pytest.mark.full)])
+def test_every_mode_switches_in_and_out_at_epoch_ends_and_mid_epoch(walk):
+    """4 ranks, rank 3 5x slower: every registered mode is switched into and out of (``cycle``: a cycle through the
+    modes, 21 switches; ``pairs``, make test-full: every ordered pair, 181 switches) at an epoch start (schedule) and
     again mid-epoch (requests from rotating ranks); right after each switch every rank holds the same model,
     iterations and slots; in allreduce, at every step; then esync -> od-sgd across the warm-up boundary with
     iterations equal at every step;
     concurrent requests give one switch; unknown mode / bad option raise on the requesting rank only; every rank
     switches at the same steps and ends with one model under the loss target (tests/mpi/keras_switch.py)."""
-    proc = run_mpi(4, "tests/mpi/keras_switch.py", "all", timeout=600)
+    proc = run_mpi(4, "tests/mpi/keras_switch.py", "all", walk, timeout=600)
     assert_ok(proc, 4)
 
 

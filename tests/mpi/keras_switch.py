@@ -1,10 +1,12 @@
 """Run under horovodrun -np 4: live sync-mode switches in Keras' fit, rank 3 5x slower (README "Switching").
 
-Scenario ``pairs`` (argument: modes, default every registered one):
-- part 1, at epoch ends: a SyncMode schedule walks an Eulerian circuit of the complete directed graph on the
-  modes, so every ordered pair (a, b) switches once, at an epoch start;
-- part 2, mid-epoch: the same circuit again through ``request`` from a rank that changes with each switch, so
-  every ordered pair switches once more, at the step the Switch Board negotiated;
+Scenario ``pairs`` (arguments: modes, default every registered one; then the route, ``pairs`` or ``cycle``):
+- part 1, at epoch ends: a SyncMode schedule walks the route -- ``pairs``: an Eulerian circuit of the complete
+  directed graph on the modes, so every ordered pair (a, b) switches once (``make test-full``); ``cycle``: a cycle
+  through the modes, so every mode is switched into and out of once (``make test``) --, each switch at an epoch
+  start;
+- part 2, mid-epoch: the same route again through ``request`` from a rank that changes with each switch, so
+  every pair of the route switches once more, at the step the Switch Board negotiated;
 - during part 2: ranks 1 and 2 request different modes at the same step: one is accepted, the other superseded, and
   one switch results; an unknown mode and a bad option raise ValueError on the requesting rank only;
 - after every switch: model.optimizer is the new mode's, and every rank holds the same model, iterations and slots
@@ -14,10 +16,11 @@ Scenario ``pairs`` (argument: modes, default every registered one):
   a loss target.
 
 Scenario ``warmup`` follows in the same job (issue 18's deadlock): a lazily built model, SGD with momentum, rank 3
-3x slower, sync="esync" (its local iterations put the fast ranks' ``iterations`` ahead); at batch 30 rank 0 asks for
-od-sgd with a warm-up that ends a few dozen steps after the switch.  After the switch ``iterations`` is equal on
-every rank at every step; during the warm-up (plain allreduce) so is the model; the job crosses the warm-up boundary
-into OD-SGD's one-step delay and ends with one model under the loss target.
+3x slower, sync="esync" (its local iterations put the fast ranks' ``iterations`` ahead -- made certain at batch 30,
+whatever the machine's timing gave ESync: rank r sets its count to the ranks' largest plus r); at batch 30 rank 0
+asks for od-sgd with a warm-up that ends a few dozen steps after the switch.  After the switch ``iterations`` is
+equal on every rank at every step; during the warm-up (plain allreduce) so is the model; the job crosses the warm-up
+boundary into OD-SGD's one-step delay and ends with one model under the loss target.
 Prints OK rank=R.
 """
 import hashlib
@@ -38,8 +41,13 @@ import keras_callbacks  # noqa: E402
 from common import shard, task  # noqa: E402
 
 SLOW, FACTOR, BASE = 3, 5, 0.004
-STEPS_PER_EPOCH = 3
+STEPS_PER_EPOCH = {"pairs": 3, "cycle": 6}  # the cycle's 21 switches: each mode trains longer, to the same target
 GAP = 1  # steps a mode runs before the next request
+
+
+def cycle(nodes):
+    """A cycle through ``nodes``: every node is left once and entered once."""
+    return list(nodes) + [nodes[0]]
 
 
 def circuit(nodes):
@@ -164,7 +172,8 @@ def main():
     hetsync.init()
     rank, size = hvd.rank(), hvd.size()
     modes = sys.argv[1].split(",") if len(sys.argv) > 1 and sys.argv[1] != "all" else hetsync.available_modes()
-    route = circuit(modes)
+    walk = sys.argv[2] if len(sys.argv) > 2 else "pairs"
+    route = {"pairs": circuit, "cycle": cycle}[walk](modes)
     (x, y, x_test, y_test), build, loss, metrics = task("digits", 0)
     tf.keras.utils.set_random_seed(0)
     model = build()
@@ -176,17 +185,18 @@ def main():
     checks = Checks(switch, route, part1)
     # an upper bound (Checks stops the fit once the last switch is done): a mid-epoch switch takes GAP steps plus
     # the negotiation, a few steps while the slow rank catches up ("superseded" until it has applied the last one)
-    epochs = part1 + 1 + (len(route) + 2) * (GAP + 10) // STEPS_PER_EPOCH
+    steps = STEPS_PER_EPOCH[walk]
+    epochs = part1 + 1 + (len(route) + 2) * (GAP + 10) // steps
     slow = keras_callbacks.Slowdown("deterministic", ranks=[SLOW], factor=FACTOR, base_time=BASE)
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), switch, slow, checks]
-    model.fit(shard(x, y, rank, size, 32, 0), steps_per_epoch=STEPS_PER_EPOCH, epochs=epochs,
+    model.fit(shard(x, y, rank, size, 32, 0), steps_per_epoch=steps, epochs=epochs,
               callbacks=callbacks, verbose=0)
     history = switch.history
     assert checks.epoch + 1 < epochs, f"ran out of epochs after {len(history)} switches"
     pairs = [(h["from"], h["to"]) for h in history]
     everyone = hvd_tf.allgather_object([(p, h["position"]) for p, h in zip(pairs, history)])
     assert all(e == everyone[0] for e in everyone), f"ranks switched differently:\n{everyone}"
-    expected = set((a, b) for a in modes for b in modes if a != b)
+    expected = set(zip(route, route[1:]))  # pairs: every ordered pair; cycle: each mode left and entered once
     first = pairs[:part1]
     assert set(first) == expected and len(first) == len(expected), f"part 1 pairs: {first}"
     assert all(h["reason"].startswith("schedule") for h in history[:part1])
@@ -203,7 +213,9 @@ def main():
     else:
         assert not checks.errors
     assert checks.states_checked == len(history)
-    assert checks.lockstep_checks >= 4 * len(modes), f"only {checks.lockstep_checks} steps checked in lockstep"
+    # part 1 alone runs each synchronous visit of the route for a whole epoch: every one of those steps is checked
+    least = steps * sum(m in SYNCHRONOUS for m in route)
+    assert checks.lockstep_checks >= least, f"only {checks.lockstep_checks} steps checked in lockstep, < {least}"
     final = model.evaluate(x_test, y_test, verbose=0)[0]
     weights = hvd_tf.allgather_object([w.tolist() for w in model.get_weights()][-1])
     assert all(w == weights[0] for w in weights), "ranks ended with different models"
@@ -216,19 +228,21 @@ def main():
 
 
 class WarmupChecks(tf.keras.callbacks.Callback):
-    """Scenario ``warmup``: asks for od-sgd at the first batch from 30 on where the ranks' iterations differ (ESync's
-    local steps follow speed); checks every step after the switch."""
+    """Scenario ``warmup``: at batch 30 the ranks' iterations differ (ESync's local steps follow speed; rank r sets
+    its count to the largest plus r, so they differ whatever the State Server decided on this machine) and rank 0
+    asks for od-sgd;
+    checks every step after the switch."""
 
     def __init__(self, switch):
         super().__init__()
         self.switch, self.warmup, self.in_warmup, self.after = switch, None, 0, 0
 
     def on_train_batch_end(self, batch, logs=None):
-        if self.warmup is None and batch >= 30:  # ESync rounds: every rank is at this Keras step
+        if self.warmup is None and batch == 30:  # ESync rounds: every rank is at this Keras step
+            counts = hvd_tf.allgather_object(int(self.model.optimizer.iterations.numpy()))
+            self.model.optimizer.iterations.assign(max(counts) + hvd.rank())
             everyone = hvd_tf.allgather_object(int(self.model.optimizer.iterations.numpy()))
-            if len(set(everyone)) == 1:  # the State Server saw equal speeds so far (a loaded machine): next round
-                assert batch < 100, f"esync left every rank at the same iterations {everyone}: no test"
-                return
+            assert len(set(everyone)) == hvd.size(), everyone  # the scenario: a different count on every rank
             self.warmup = max(everyone) + 30  # the switch comes a few rounds later, below this
             if hvd.rank() == 0:
                 assert self.switch.request("od-sgd", warmup_steps=self.warmup) == "accepted"
