@@ -42,11 +42,14 @@ def test_ripples_smart_group_generator_keeps_fast_ranks_going():
 
 def test_eager_algorithm5_weights_and_model_sync_every():
     """eager-SGD §5 Algorithm 5 line 6 (``late="algorithm5"``): one-hot gradients, plain SGD with lr 1, solo with a
-    slow rank: every step's update times P is whole, and a round of one contribution applies 1/P per gradient;
-    under ``late="latest"`` (averaged over the contributors) such a round applies 1 -- shown in the same job.
-    ``model_sync_every=5`` with Adam: every rank holds the same model right after batches 5, 10, ..., and not at
-    every batch between (tests/mpi/eager_fidelity.py)."""
-    proc = run_mpi(4, "tests/mpi/eager_fidelity.py", timeout=240)
+    slow rank: every step's update times P is whole.  A round of one contribution is made, not waited for: at the
+    first batch the other ranks wait in a Horovod broadcast while rank 1 runs its step alone (its solo round holds
+    only its gradient), then arrive after that round ran; every rank's first step must apply it with NAP 1 and
+    G = 1/P of the lone gradient, and under ``late="latest"`` (averaged over the contributors) G = the whole
+    gradient -- shown in the same job.  ``model_sync_every=5`` with Adam: every rank holds the same model right
+    after batches 5, 10, ..., and not at every batch between; ``model_sync_epochs=2``: at epoch ends 2 and 4 and
+    after fit only (tests/mpi/eager_fidelity.py)."""
+    proc = run_mpi(4, "tests/mpi/eager_fidelity.py", timeout=400)
     assert_ok(proc, 4)
 
 
