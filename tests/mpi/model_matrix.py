@@ -1,22 +1,24 @@
 """Run under mpirun -np 4: real models and optimizers in every mode (argument: modes, default all), in one job.
 
-Per mode, each a short ``fit`` with Horovod's broadcast, metric-average and learning-rate schedule callbacks (the
-rate halved from the second epoch on), rank 3 2x slower:
+Per mode, three short ``fit`` calls with Horovod's broadcast, metric-average and learning-rate schedule callbacks
+(the rate halved from the second epoch on), rank 3 2x slower:
 
-1. ``Sequential`` built lazily (no Input layer) with Conv2D, BatchNormalization, Dropout; Adam.  After fit the
-   BatchNorm moving statistics are the same on every rank (the end-of-fit consensus averages every float variable,
-   trainable or not) and moved away from their initial values.
-2. Functional model with an ``Embedding`` (sparse IndexedSlices gradients); SGD with momentum.
-3. Subclassed model under ``mixed_float16`` with ``LossScaleOptimizer(Adam)``.
-4. Legacy optimizer (``tf.keras.optimizers.legacy.SGD`` with momentum) and Horovod's ``register_local_var``: the
-   registered bias stays each worker's own (different on every rank: the shards differ), every other variable is
-   the same everywhere.
-5. ``get_config``/``from_config``: the optimizer rebuilt from its config trains in the same mode, here with
-   ``steps_per_epoch=None`` on finite shards of different lengths (the job's epoch is their sum).
+1. ``Sequential`` built lazily (no Input layer) with Conv2D, BatchNormalization, Dropout; Adam, rebuilt by
+   ``get_config``/``from_config`` (it trains in the same mode).  After fit the BatchNorm moving statistics are the
+   same on every rank (the end-of-fit consensus averages every float variable, trainable or not) and moved away
+   from their initial values.
+2. Functional model with an ``Embedding`` (sparse IndexedSlices gradients), a legacy optimizer
+   (``tf.keras.optimizers.legacy.SGD`` with momentum) and Horovod's ``register_local_var``: the registered bias
+   stays each worker's own (different on every rank: the shards differ), every other variable is the same
+   everywhere.
+3. Subclassed model under ``mixed_float16`` with ``LossScaleOptimizer(Adam)``, with ``steps_per_epoch=None`` on
+   finite shards of different lengths (the job's epoch is their sum).
 
-Each: the loss went down and one model on every rank (checksums allgathered).  Prints OK rank=R.
+Each: the loss on a fixed probe of the rank's data fell below LOSS_FRACTION of an untrained model's (ln 10), and one
+model on every rank (checksums allgathered).  Prints OK rank=R.
 """
 import hashlib
+import math
 import os
 import sys
 
@@ -36,6 +38,11 @@ from hetsync import algorithms  # noqa: E402
 from common import digit_images, without_autotune  # noqa: E402
 
 STEPS, EPOCHS = 6, 2
+# After fit, the probe loss is below this fraction of an untrained model's (ln 10).  Measured (2026-11-26, every
+# mode, on a loaded machine): batchnorm 0.31-0.78, mixed 0.29-0.80, the token task 0.002-0.023 (esync, hop,
+# eager-solo, allreduce).
+LOSS_FRACTION = {"batchnorm": 0.5, "embedding": 0.2, "mixed": 0.5}
+LOSSES = []
 _TAGS = iter(range(10 ** 6))
 
 
@@ -44,10 +51,10 @@ def digits():
 
 
 def tokens(rank):
-    """A learnable token task: the label is the first token mod 10."""
+    """A learnable token task: the label is the first of 12 tokens (10 of them), the others are noise."""
     rng = np.random.default_rng(rank)
-    x = rng.integers(0, 64, size=(512, 12)).astype("int32")
-    return x, (x[:, 0] % 10).astype("int64")
+    x = rng.integers(0, 10, size=(512, 12)).astype("int32")
+    return x, x[:, 0].astype("int64")
 
 
 def checksum(weights):
@@ -60,20 +67,27 @@ def same_everywhere(what, weights):
     assert len(set(sums)) == 1, (what, sums)
 
 
-def fit(model, opt, x, y, mode):
-    rank = hvd.rank()
-    ds = without_autotune(tf.data.Dataset.from_tensor_slices((x, y)).repeat().shuffle(256, seed=rank).batch(16))
+def callbacks_for(lr):
+    return [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback(),
+            # (momentum_correction=False: Horovod 0.28's correction fails on a new Keras optimizer's float
+            # momentum, in plain Horovod too)
+            hvd.callbacks.LearningRateScheduleCallback(initial_lr=lr, multiplier=lambda e: 0.5, start_epoch=1,
+                                                       momentum_correction=False),
+            keras_callbacks.Slowdown("deterministic", ranks=[3], factor=2.0, base_time=0.01)]
+
+
+def fit(model, opt, ds, probe, mode, steps_per_epoch=STEPS, what=""):
+    """Compiles and fits with Horovod's callbacks; checks the loss on ``probe`` (the rank's first 256 training
+    samples) fell well below an untrained model's, ln 10 on ten balanced classes (a model that does not train, or
+    diverges, misses the bound), and that Horovod's schedule halved the learning rate from epoch 1 on."""
     model.compile(loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), optimizer=opt)
     lr = float(tf.keras.backend.get_value(model.optimizer.lr))
-    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback(),
-                 # (momentum_correction=False: Horovod 0.28's correction fails on a new Keras optimizer's float
-                 # momentum, in plain Horovod too)
-                 hvd.callbacks.LearningRateScheduleCallback(initial_lr=lr, multiplier=lambda e: 0.5, start_epoch=1,
-                                                            momentum_correction=False),
-                 keras_callbacks.Slowdown("deterministic", ranks=[3], factor=2.0, base_time=0.01)]
-    history = model.fit(ds, steps_per_epoch=STEPS, epochs=EPOCHS, callbacks=callbacks, verbose=0)
-    losses = history.history["loss"]
-    assert losses[-1] < losses[0] * 1.05 or losses[-1] < 1.0, (mode, losses)
+    model.fit(ds, steps_per_epoch=steps_per_epoch, epochs=EPOCHS, callbacks=callbacks_for(lr), verbose=0)
+    after = model.evaluate(*probe, batch_size=64, verbose=0)
+    LOSSES.append((mode, what, round(after, 3)))
+    if hvd.rank() == 0:
+        print(f"{mode} {what}: probe loss {after:.3f} after fit", flush=True)
+    assert after < LOSS_FRACTION[what] * math.log(10), (mode, what, after, LOSS_FRACTION[what] * math.log(10))
     now = float(tf.keras.backend.get_value(model.optimizer.lr))  # Horovod's schedule: halved from epoch 1 on
     assert abs(now - 0.5 * lr) < 1e-7, (mode, lr, now)
     return model
@@ -84,24 +98,48 @@ def hetsync_opt(base, mode):
     return hetsync.DistributedOptimizer(base, sync=mode, **options)
 
 
-def lazy_batchnorm(mode, x, y):
-    model = tf.keras.Sequential([tf.keras.layers.Conv2D(8, 3), tf.keras.layers.BatchNormalization(),
+def repeated(x, y):
+    rank = hvd.rank()
+    return without_autotune(tf.data.Dataset.from_tensor_slices((x, y)).repeat().shuffle(256, seed=rank).batch(16))
+
+
+def lazy_batchnorm_from_config(mode, x, y):
+    """1. A Sequential built lazily (no Input layer) with Conv2D, BatchNormalization and Dropout; Adam, rebuilt by
+    ``get_config``/``from_config`` (it trains in the same mode)."""
+    # (momentum 0.5: the moving statistics the probe's inference uses settle within the fit's 12 steps)
+    model = tf.keras.Sequential([tf.keras.layers.Conv2D(8, 3), tf.keras.layers.BatchNormalization(momentum=0.5),
                                  tf.keras.layers.ReLU(), tf.keras.layers.Flatten(), tf.keras.layers.Dropout(0.2),
                                  tf.keras.layers.Dense(10)])
-    fit(model, hetsync_opt(tf.keras.optimizers.Adam(0.01), mode), x, y, mode)
+    opt = hetsync_opt(tf.keras.optimizers.Adam(0.01), mode)
+    config = opt.get_config()
+    assert abs(float(config["learning_rate"]) - 0.01) < 1e-7, config
+    again = type(opt).from_config(config)
+    assert again._hetsync_algorithm.name == mode, (mode, again)
+    fit(model, again, repeated(x, y), (x[:256], y[:256]), mode, what="batchnorm")
     bn = model.layers[1]
     same_everywhere((mode, "batchnorm"), model.get_weights())
     assert np.abs(bn.moving_mean.numpy()).max() > 0, (mode, "moving statistics never updated")
 
 
-def functional_embedding(mode):
+def embedding_legacy_local_var(mode):
+    """2. A functional model with an Embedding (sparse IndexedSlices gradients), a legacy optimizer
+    (``tf.keras.optimizers.legacy.SGD`` with momentum) and Horovod's ``register_local_var``: the registered bias
+    stays each worker's own (different on every rank: the shards differ), every other variable is the same
+    everywhere."""
     inputs = tf.keras.Input((12,), dtype="int32")
-    h = tf.keras.layers.Embedding(64, 8)(inputs)
+    # (initial embeddings of unit-ish scale: the label's token moves the logits from the first steps on)
+    h = tf.keras.layers.Embedding(10, 8, embeddings_initializer=tf.keras.initializers.RandomNormal(stddev=1.0))(inputs)
     h = tf.keras.layers.Flatten()(h)
     model = tf.keras.Model(inputs, tf.keras.layers.Dense(10)(h))
-    x, y = tokens(hvd.rank())
-    fit(model, hetsync_opt(tf.keras.optimizers.SGD(0.05, momentum=0.9), mode), x, y, mode)
-    same_everywhere((mode, "embedding"), model.get_weights())
+    opt = hetsync_opt(tf.keras.optimizers.legacy.SGD(0.5, momentum=0.9), mode)
+    local = model.layers[-1].bias
+    opt.register_local_var(local)
+    x, y = tokens(hvd.rank())  # shards differ
+    fit(model, opt, repeated(x, y), (x[:256], y[:256]), mode, steps_per_epoch=2 * STEPS, what="embedding")
+    shared = [w for w in model.weights if w is not local]
+    same_everywhere((mode, "shared"), [w.numpy() for w in shared])
+    biases = hvd_tf.allgather_object(checksum([local.numpy()]), name=f"matrix.local.{next(_TAGS)}")
+    assert len(set(biases)) == hvd.size(), (mode, "a worker-local variable was exchanged or averaged", biases)
 
 
 class Net(tf.keras.Model):
@@ -115,54 +153,26 @@ class Net(tf.keras.Model):
         return self.out(self.flat(self.conv(x)))
 
 
-def subclassed_mixed(mode, x, y):
+def mixed_on_finite_shards(mode, x, y):
+    """3. A subclassed model under ``mixed_float16`` with ``LossScaleOptimizer(Adam)``, with ``steps_per_epoch=None``
+    on finite shards of 10, 12, 14, 16 batches: every rank runs 16 Keras steps per epoch, and an "own" mode's epoch
+    is the sum of the shards (train steps shared by speed)."""
     tf.keras.mixed_precision.set_global_policy("mixed_float16")
     try:
+        opt = hetsync_opt(tf.keras.mixed_precision.LossScaleOptimizer(tf.keras.optimizers.Adam(0.01)), mode)
         model = Net()
-        opt = tf.keras.mixed_precision.LossScaleOptimizer(tf.keras.optimizers.Adam(0.01))
-        fit(model, hetsync_opt(opt, mode), x, y, mode)
+        batches = 10 + 2 * hvd.rank()
+        ds = without_autotune(tf.data.Dataset.from_tensor_slices((x[:16 * batches], y[:16 * batches])).batch(16))
+        before = hetsync.training.position()
+        fit(model, opt, ds, (x[:256], y[:256]), mode, steps_per_epoch=None, what="mixed")
+        assert hetsync.training.position() - before == EPOCHS * 16, (mode, hetsync.training.position() - before)
         same_everywhere((mode, "mixed"), model.get_weights())
+        trained = hvd_tf.allgather_object(int(model.optimizer.iterations.numpy()), name=f"matrix.it.{next(_TAGS)}")
+        if opt._hetsync_algorithm.STEPPING == "own":
+            # (iterations: Horovod's first-batch broadcast copies rank 0's count to every rank, a few off at most)
+            assert abs(sum(trained) - EPOCHS * 52) <= 8, (mode, trained)
     finally:
         tf.keras.mixed_precision.set_global_policy("float32")
-
-
-def legacy_local_var(mode, x, y):
-    model = tf.keras.Sequential([tf.keras.layers.Flatten(), tf.keras.layers.Dense(16, activation="relu"),
-                                 tf.keras.layers.Dense(10)])
-    model(x[:1])  # built, so its bias exists to register
-    opt = hetsync_opt(tf.keras.optimizers.legacy.SGD(0.05, momentum=0.9), mode)
-    local = model.layers[-1].bias
-    opt.register_local_var(local)
-    ranks = hvd.rank()
-    lo = ranks * len(x) // 4
-    fit(model, opt, x[lo:lo + len(x) // 4], y[lo:lo + len(x) // 4], mode)  # shards differ
-    shared = [w for w in model.weights if w is not local]
-    same_everywhere((mode, "shared"), [w.numpy() for w in shared])
-    biases = hvd_tf.allgather_object(checksum([local.numpy()]), name=f"matrix.local.{next(_TAGS)}")
-    assert len(set(biases)) == hvd.size(), (mode, "a worker-local variable was exchanged or averaged", biases)
-
-
-def rebuilt_from_config_on_finite_shards(mode, x, y):
-    """from_config; and steps_per_epoch=None with finite shards of 10, 12, 14, 16 batches: every rank runs 16 Keras
-    steps per epoch, and an "own" mode's epoch is the sum of the shards (train steps shared by speed)."""
-    opt = hetsync_opt(tf.keras.optimizers.Adam(0.01), mode)
-    config = opt.get_config()
-    assert abs(float(config["learning_rate"]) - 0.01) < 1e-7, config
-    again = type(opt).from_config(config)
-    assert again._hetsync_algorithm.name == mode, (mode, again)
-    model = tf.keras.Sequential([tf.keras.layers.Flatten(), tf.keras.layers.Dense(10)])
-    rank = hvd.rank()
-    batches = 10 + 2 * rank
-    ds = tf.data.Dataset.from_tensor_slices((x[:16 * batches], y[:16 * batches])).batch(16)
-    model.compile(loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), optimizer=again)
-    before = hetsync.training.position()
-    model.fit(ds, epochs=EPOCHS, verbose=0, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
-    assert hetsync.training.position() - before == EPOCHS * 16, (mode, hetsync.training.position() - before)
-    same_everywhere((mode, "from_config"), model.get_weights())
-    trained = hvd_tf.allgather_object(int(model.optimizer.iterations.numpy()), name=f"matrix.it.{next(_TAGS)}")
-    if again._hetsync_algorithm.STEPPING == "own":
-        # (iterations: Horovod's first-batch broadcast copies rank 0's count to every rank, a few off at most)
-        assert abs(sum(trained) - EPOCHS * 52) <= 8, (mode, trained)
 
 
 def main():
@@ -172,13 +182,13 @@ def main():
     x, y = digits()
     modes = sys.argv[1].split(",") if len(sys.argv) > 1 else algorithms.available_modes()
     for mode in modes:
-        lazy_batchnorm(mode, x, y)
-        functional_embedding(mode)
-        subclassed_mixed(mode, x, y)
-        legacy_local_var(mode, x, y)
-        rebuilt_from_config_on_finite_shards(mode, x, y)
+        lazy_batchnorm_from_config(mode, x, y)
+        embedding_legacy_local_var(mode)
+        mixed_on_finite_shards(mode, x, y)
         if hvd.rank() == 0:
-            print(f"{mode}: batchnorm, embedding, mixed precision, legacy + local var, from_config ok", flush=True)
+            print(f"{mode}: batchnorm + from_config, embedding + legacy + local var, mixed precision on finite shards "
+                  "ok", flush=True)
+    print(f"rank {hvd.rank()}: probe losses after fit: highest {max(loss for _, _, loss in LOSSES):.3f}", flush=True)
     assert hetsync.ops.engine_stats()["failed"] == 0
     hetsync.shutdown()
     print(f"OK rank={hvd.rank()}", flush=True)
