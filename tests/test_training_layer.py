@@ -3,9 +3,10 @@
 * custom loops: Horovod's TF2 example step (its first-step broadcast inside the tf.function) under
   ``hetsync.job_steps``, with a slow rank, uneven shards and per-rank stops (tests/mpi/custom_loops.py);
 * prompt ends: per-rank time budgets inside one 100,000-step epoch, every mode and auto (tests/mpi/long_epoch.py);
-* real models and optimizers: lazily built Sequential with BatchNorm and Dropout, functional with an Embedding
-  (sparse gradients), subclassed under mixed_float16 with LossScaleOptimizer, a legacy optimizer with momentum,
-  Horovod's register_local_var and get_config/from_config (tests/mpi/model_matrix.py).
+* real models and optimizers, three fits per mode: a lazily built Sequential with BatchNorm and Dropout (its Adam
+  rebuilt by get_config/from_config), a functional model with an Embedding (sparse gradients), a legacy optimizer
+  with momentum and Horovod's register_local_var, a subclassed model under mixed_float16 with LossScaleOptimizer
+  on finite shards; each below a loss an untrained model cannot reach (tests/mpi/model_matrix.py).
 
 Job epochs in ``fit`` are checked in test_dropin.py (Horovod's Keras example, every mode) and the Job Clock's rule
 alone in test_job_clock.py.
