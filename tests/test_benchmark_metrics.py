@@ -89,34 +89,43 @@ def test_tagged_lines_reassemble_each_ranks_lines():
 
 
 FAKE_JOB = r"""
-import sys, time
+import os, sys, time
 w = sys.stdout.write
 w("[1,0]<stdout>:first line of rank 0\n[1,1]<stdout>:rank 1 says hi\n"); sys.stdout.flush()
-time.sleep(1.5)
+deadline = time.monotonic() + 30  # the job goes on only once the test has shown rank 0's first line
+while not os.path.exists(sys.argv[1]):
+    if time.monotonic() > deadline:
+        sys.exit(3)  # the first line was held back (until the job's end)
+    time.sleep(0.01)
 w("[1,1]<stdout>:more[1,0]<stdout>:second[1,0]<stdout>:\n"); sys.stdout.flush()
 w("[1,1]<stdout>:\nlauncher: job done\n")
 """
 
 
-def test_run_streamed_prints_rank0_lines_as_they_come(monkeypatch):
+def test_run_streamed_prints_rank0_lines_as_they_come(monkeypatch, tmp_path):
+    """The fake job waits (up to 30 s, then exits 3) until rank 0's first line has been printed here: a
+    run_streamed that held lines back until the job ended fails whatever the machine's timing."""
     written = []
+    shown_first = tmp_path / "shown"
 
     class Recorder:
         def write(self, text):
-            written.append((time.monotonic(), text))
+            written.append(text)
+            if "first line of rank 0" in text:
+                shown_first.touch()
 
         def flush(self):
             pass
 
     monkeypatch.setattr(sys, "stdout", Recorder())
-    proc = run_streamed([sys.executable, "-c", FAKE_JOB], timeout=60, prefix="  r{rank}| ", untagged="  | ")
-    returned = time.monotonic()
+    proc = run_streamed([sys.executable, "-c", FAKE_JOB, str(shown_first)], timeout=60, prefix="  r{rank}| ",
+                        untagged="  | ")
     monkeypatch.undo()
-    shown = [(t, text) for t, text in written if text.strip()]
-    assert [text for _, text in shown] == ["  r0| first line of rank 0", "  r0| second", "  | launcher: job done"]
-    assert returned - shown[0][0] > 1.0, "rank 0's first line was held back until the job ended"
+    shown = [text for text in written if text.strip()]
+    assert proc.returncode == 0, f"rank 0's first line was held back while the job ran (exit {proc.returncode})"
+    assert shown == ["  r0| first line of rank 0", "  r0| second", "  | launcher: job done"]
     # everything is still captured: the launcher's output as written, and every rank's lines reassembled
-    assert proc.returncode == 0 and "[1,1]<stdout>:rank 1 says hi" in proc.stdout
+    assert "[1,1]<stdout>:rank 1 says hi" in proc.stdout
     assert (1, "rank 1 says hi") in proc.lines and (1, "more") in proc.lines and (0, "second") in proc.lines
 
 
@@ -124,6 +133,8 @@ def test_run_streamed_timeout_kills_the_job():
     began = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired) as info:
         run_streamed([sys.executable, "-c", "print('started', flush=True); import time; time.sleep(60)"], timeout=2)
+    # timing property: the 60 s job is killed at the 2 s timeout (about 2 s measured); 20 s is generous on a loaded
+    # machine and still far below the job's own 60 s
     assert time.monotonic() - began < 20 and "started" in info.value.output
 
 

@@ -2,6 +2,7 @@
 segfault; hetsync.shutdown() stops what hetsync started.  That a clean exit never dies of a signal, in any mode, is
 checked on every drop-in job (tests/test_dropin.py check_clean: every mode, twice); tests/stress_exits.py runs 50
 clean exits in a row."""
+import re
 import threading
 import time
 
@@ -14,16 +15,24 @@ from stress_exits import SIGNALS
 def test_an_exception_on_one_rank_ends_the_job_promptly_without_a_segfault(mode):
     """Rank 1 raises in a callback mid-epoch while the others train on (ripples-smart: inside P-Reduce groups and the
     Group Generator's waits; od-sgd: with the engine's non-blocking allreduce in flight after its warm-up).  With
-    HETSYNC_TIMEOUT=20 the job must end well within it: non-zero exit, rank 1's traceback shown, no process killed
-    by a signal of its own (Horovod finalizes MPI on its thread when it shuts down; the engine's progress thread
-    stops calling MPI then)."""
+    HETSYNC_TIMEOUT=120 the job must end well within it, counted from the exception (the job's start-up measures
+    the machine's load, not the property): non-zero exit, rank 1's traceback shown, no process killed by a signal
+    of its own (Horovod finalizes MPI on its thread when it shuts down; the engine's progress thread stops calling
+    MPI then)."""
     began = time.monotonic()
-    proc = run_mpi(4, "tests/mpi/exit_job.py", mode, "fail", 1, timeout=120, env=mpi_env(HETSYNC_TIMEOUT=20))
-    took = time.monotonic() - began
+    proc = run_mpi(4, "tests/mpi/exit_job.py", mode, "fail", 1, timeout=300, env=mpi_env(HETSYNC_TIMEOUT=120))
+    ended, took = time.time(), time.monotonic() - began
     assert proc.returncode != 0, proc.stdout[-3000:]
     assert "RuntimeError: user bug on rank 1" in proc.stdout, proc.stdout[-3000:]
     assert not any(s in proc.stdout for s in SIGNALS), proc.stdout[-3000:]
-    assert took < 60, f"the job took {took:.0f} s to end after the exception"
+    raised = re.search(r"rank 1: raising at ([0-9.]+)", proc.stdout)  # time.time(): one host, one clock
+    assert raised, proc.stdout[-3000:]
+    after = ended - float(raised.group(1))
+    print(f"{mode}: job {took:.1f} s, of which {after:.1f} s after the exception")
+    # timing property: measured from the exception to the job's end, 3.8 s (ripples-smart) and 8.6 s (od-sgd) on a
+    # machine at load 20-29 on 2 cores, whose start-up took 65-75 s; 60 s is 7-15x that and still 60 s short of the
+    # engine timeout, so a job that only ends once a rank's wait has timed out fails here
+    assert after < 60, f"the job took {after:.0f} s to end after the exception"
 
 
 def test_shutdown_stops_every_thread_and_server_it_started():

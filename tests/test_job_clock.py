@@ -178,16 +178,37 @@ def test_plans_must_agree_and_positions_only_grow():
     assert clock.claim(1, 0, 2, 3, plan, floor=plan.boundary(1))[0] == FULL
 
 
-def test_service_over_grpc_with_the_job_secret():
+def test_service_over_grpc_with_the_job_secret(monkeypatch):
     """The same clock through rank 0's coordinator server: claims, a stopped rank's wait woken by a claim, the
-    stop step, and a wrong secret refused."""
+    stop step, and a wrong secret refused.
+
+    The wake-up is a scenario the test makes, not one the machine's timing may give: the claim is sent only once
+    rank 1's JobReached is asleep on the server's condition (a spy on the servicer's condition says so), and the
+    wait may last 60 s, so an answer well before that came from the claim's notify, not from the wait's end (after
+    which the server re-checks the clock and would answer "reached" too)."""
     import threading
+    import time
 
     import grpc
 
+    from hetsync.coordinator import job_service
     from hetsync.coordinator.job_service import JobClockClient
     from hetsync.coordinator.server import start_server
 
+    asleep = threading.Event()
+
+    class SpyCondition(threading.Condition):
+        def wait(self, timeout=None):
+            asleep.set()
+            return super().wait(timeout)
+
+    servicer_init = job_service.JobServicer.__init__
+
+    def init(self, owner, size):
+        servicer_init(self, owner, size)
+        self._cv = SpyCondition()
+
+    monkeypatch.setattr(job_service.JobServicer, "__init__", init)
     server, _ = start_server(2)
     with server:
         a = JobClockClient(server.address, server.secret, 0, timeout=10)
@@ -195,11 +216,18 @@ def test_service_over_grpc_with_the_job_secret():
         plan = EpochPlan(4, 2)
         assert a.claim(0, 0, 1, plan)[:2] == (GRANTED, 1)
         b.stop(1)
+        assert b.reached(0, 0, 1, plan, wait_s=0.0) == (False, None)  # slice 0 is not full yet: rank 1 must wait
+        assert not asleep.is_set()  # (a zero wait does not sleep)
         out = {}
-        waiter = threading.Thread(target=lambda: out.setdefault("r", b.reached(0, 0, 1, plan, wait_s=5.0)))
+        waiter = threading.Thread(target=lambda: out.setdefault("r", b.reached(0, 0, 1, plan, wait_s=60.0)))
         waiter.start()
+        assert asleep.wait(30), "rank 1's JobReached never waited on the server"
+        woken = time.monotonic()
         assert a.claim(0, 0, 1, plan)[:2] == (GRANTED, 2)  # fills slice 0: wakes rank 1's wait
-        waiter.join(10)
+        waiter.join(60)
+        # timing property: the claim's notify ends the wait at once (milliseconds); 20 s is generous on a loaded
+        # machine and still far below the 60 s a wait that nobody wakes would last
+        assert not waiter.is_alive() and time.monotonic() - woken < 20, "the claim did not wake rank 1's wait"
         assert out["r"] == (True, None)
         assert a.stop(2) == 3  # every rank stopped: one past the furthest position
         assert b.reached(0, 1, 2, plan, wait_s=0.0) == (True, 3)

@@ -222,15 +222,23 @@ def test_grpc_wait_names_the_worker_that_never_comes():
     try:
         state_service.install(server, 3, epsilon=0.0)
         c = [state_service.StateServerClient(address, server.secret, r, timeout=10) for r in range(3)]
-        done = []
-        t = threading.Thread(target=lambda: done.append(c[0].wait(0, 10.0)))
+        done, done1 = [], []
+        t = threading.Thread(target=lambda: done.append(c[0].wait(0, 30.0)))
         t.start()
-        _time.sleep(0.2)
-        assert not done                                      # 1 and 2 are not there yet
+        # the scenario, made rather than hoped for: 0 has arrived (its StateWait is on the server) before 2 goes
+        # away and 1 comes; polled on the server's roll call, not slept for
+        deadline = _time.monotonic() + 30
+        while server.state_server.missing(0) != [1, 2]:
+            assert _time.monotonic() < deadline, f"worker 0's wait never arrived: {server.state_server.missing(0)}"
+            _time.sleep(0.01)
+        t.join(0.5)
+        assert t.is_alive() and not done                     # 1 and 2 are not there yet: 0 waits
         c[2].away()
-        threading.Thread(target=lambda: c[1].wait(0, 10.0)).start()
-        t.join(5)
-        assert done == [None]                                # 1 came, 2 is away: nobody waits for it
+        t1 = threading.Thread(target=lambda: done1.append(c[1].wait(0, 30.0)))
+        t1.start()
+        t.join(20)
+        t1.join(20)
+        assert done == [None] and done1 == [None]            # 1 came, 2 is away: nobody waits for it
         c[2].query(0, 0.1, _time.monotonic())                # 2 is live again, and never comes to round 1
         for r in (0, 1):
             c[r].reset(1, _time.monotonic())

@@ -3,10 +3,10 @@
     bad_input.py ranks     different sync modes on the two ranks, then an option invalid on rank 1 only: each
                            raises the same ValueError on every rank (no rank left in a collective); then a correct
                            DistributedOptimizer and a short fit work in the same job.  Prints OK rank=R.
-    bad_input.py absent    HETSYNC_TIMEOUT=5, sync="ripples-smart": rank 1 sits in a callback for 20 s after its
+    bad_input.py absent    HETSYNC_TIMEOUT=5, sync="ripples-smart": rank 1 sits in a callback for 120 s after its
                            first step (a hung user callback) while rank 0 trains on and asks for a switch.  Rank 0
                            reaches the switch and raises a RuntimeError naming rank 1 within the timeout (the job
-                           then ends non-zero).
+                           then ends non-zero).  Rank 0 prints the time.time() of its request and of its fit's end.
 """
 import os
 import sys
@@ -49,7 +49,8 @@ def ranks():
 
 
 class Stuck(tf.keras.callbacks.Callback):
-    """Rank 1 sits in this callback for 20 s after its first step; rank 0 asks for esync after its second."""
+    """Rank 1 sits in this callback for 120 s after its first step (mpirun ends it when rank 0 fails); rank 0 asks
+    for esync after its second."""
 
     def __init__(self, switch):
         super().__init__()
@@ -57,9 +58,10 @@ class Stuck(tf.keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         if batch == 1 and hvd.rank() == 0:
+            print(f"rank 0: asked for esync at {time.time():.3f}", flush=True)
             self.switch.request("esync")
         if batch == 0 and hvd.rank() == 1:
-            time.sleep(20)
+            time.sleep(120)
 
 
 def absent():
@@ -70,7 +72,8 @@ def absent():
     try:
         model.fit(data(), steps_per_epoch=50, epochs=1, verbose=0, callbacks=[switch, Stuck(switch)])
     finally:
-        print(f"rank {hvd.rank()}: fit ended after {time.monotonic() - began:.1f} s", flush=True)
+        print(f"rank {hvd.rank()}: fit ended after {time.monotonic() - began:.1f} s, at {time.time():.3f}",
+              flush=True)
 
 
 def main():

@@ -1,7 +1,7 @@
 """Run under mpirun -np 3: the engine's non-blocking allreduce (start -> handle, wait(handle)).
 
 - sums of several tensors, two calls outstanding at once, waited in reverse order;
-- the transfer overlaps the caller's work: started, then 0.3 s of "compute", then waited: done before the wait;
+- the transfer overlaps the caller's work: started, then 2 s of "compute", then waited: done before the wait;
 - each handle can be waited once; a bad dtype raises;
 - a rank that never starts one is named by the others after the timeout (then the engine refuses work).
 Prints OK rank=R.
@@ -32,10 +32,15 @@ def main():
     big = tf.ones([1 << 20], tf.float32)
     began = time.monotonic()
     h = ops.allreduce_start([big])
-    time.sleep(0.3)  # the caller computes; the progress thread moves the data meanwhile
+    # the caller computes; the progress thread moves the data meanwhile.  Timing property: 2 s of "compute" (it
+    # was 0.3 s) leaves the 4 MB sum (its time printed below) ample time on a loaded machine, and a transfer that
+    # only moved inside allreduce_wait still ends after the wait began
+    time.sleep(2.0)
     waited = time.monotonic()
     (s,), times = ops.allreduce_wait(h, [big])
     t = times.numpy()
+    if rank == 0:
+        print(f"4 MB non-blocking allreduce: {t[2] - t[0]:.3f} s from start to done", flush=True)
     assert float(s.numpy()[7]) == size
     assert began <= t[0] <= t[1] <= t[2] < waited <= t[3], (began, t, waited)  # done while the caller was busy
 

@@ -100,6 +100,7 @@ def check_fp16(ops, rank):
     after = ops.engine_stats()["wire_bytes"]
     want = np.mean([np.linspace(-4, 4, 1000).astype(np.float32) * (r + 1) for r in ALL], axis=0)
     assert np.allclose(got[0].numpy(), want, rtol=2e-3, atol=1e-2), "fp16 average"
+    assert np.allclose(got[1].numpy(), want[:10], rtol=2e-3, atol=1e-2), "fp16 average, second tensor"
     assert after - before == 1010 * 2, (before, after)
     before = after
     ops.p_reduce([tf.constant(x), tf.constant(x[:10])], ALL)

@@ -142,13 +142,17 @@ def stale_skip(rank, size):
     worst = check_gaps(histories_of(name), in_lists,
                        lambda d, i, j: topo.gap_bound(d, i, j, max_ig, staleness=s), "staleness+skip")
     barrier()
-    time.sleep(0.5)  # every token message delivered
-    report = ops_hop.hop_query(name)
-    iters = gather([report.stats["iteration"]])[:, 0]
-    for nb in report.neighbours:
-        if nb["out"]:
-            want = iters[nb["peer"]] - iters[rank] + max_ig
-            assert nb["tokens"] == want, f"tokens from {nb['peer']}: {nb['tokens']} != {want} (iters {iters})"
+    iters = gather([ops_hop.hop_query(name).stats["iteration"]])[:, 0]  # final: every rank has left its loop
+    # every token message delivered: polled until the counts are the identity (or 30 s pass), not slept for
+    deadline = time.monotonic() + 30
+    while True:
+        report = ops_hop.hop_query(name)
+        wrong = [(nb["peer"], nb["tokens"], iters[nb["peer"]] - iters[rank] + max_ig)
+                 for nb in report.neighbours if nb["out"] and nb["tokens"] != iters[nb["peer"]] - iters[rank] + max_ig]
+        if not wrong or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    assert not wrong, f"(peer, tokens, Iter(peer) - Iter(me) + max_ig): {wrong} (iters {iters})"
     skips = gather([report.stats["skips"]])[:, 0]
     assert skips[2] > 0, f"the slow rank 2 never skipped: {skips}"
     return worst, skips

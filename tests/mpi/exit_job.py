@@ -8,6 +8,7 @@ The model is built lazily; Horovod's callbacks are in the list, as in Horovod's 
 """
 import os
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
@@ -30,6 +31,7 @@ class Bug(tf.keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         if self.epoch == 1 and batch == 3 and hvd.rank() == self.rank:
+            print(f"rank {self.rank}: raising at {time.time():.3f}", flush=True)  # the test times the exit from here
             raise RuntimeError(f"user bug on rank {self.rank}")
 
 
