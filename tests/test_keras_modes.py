@@ -31,11 +31,19 @@ def test_example_training_script_with_slowdown(tmp_path):
 
 
 def test_ripples_random_group_generator_trains_with_a_slow_rank():
+    """ripples-random with rank 3 10x slower reaches the target loss with one model on every rank, and every group
+    its GG made was a random one (requester in it, group_size draftable members, the slow rank drafted into about
+    2/3 of the fast ranks' groups, a fast rank that drew 30 groups drew each of its 3 possible ones).  No claim
+    that the fast ranks keep progressing: random groups draft the slow rank, so they may be held back by it
+    (tests/mpi/keras_gg_train.py)."""
     proc = run_mpi(4, "tests/mpi/keras_gg_train.py", "ripples-random", 0.4, timeout=300)
     assert_ok(proc, 4)
 
 
 def test_ripples_smart_group_generator_keeps_fast_ranks_going():
+    """ripples-smart with rank 3 10x slower on machines of unequal size: the target loss, one model on every rank,
+    and the fast ranks keep progressing -- when rank 0 had done its 160 steps the slow rank had made fewer than
+    half as many requests (tests/mpi/keras_gg_train.py)."""
     proc = run_mpi(4, "tests/mpi/keras_gg_train.py", "ripples-smart", 0.4, timeout=300)
     assert_ok(proc, 4)
 
@@ -80,9 +88,11 @@ def test_hop_hybrid_with_a_slow_rank_trains_in_fit_and_bad_options_raise_everywh
 
 
 def test_esync_local_steps_lockstep_numpy_aggregation_and_dead_rank():
-    """ESync with rank 3 5x slower: ~5 local iterations per round on the fast ranks, 1 on the slow one, the same
-    model on every rank after every round, eqs. 6-8 against numpy, a loss target; the blocking run then checks
-    that a hung rank is named by the others' aggregation within its timeout (tests/mpi/keras_esync.py)."""
+    """ESync with rank 3 5x slower: ~5 local iterations per round on the fast ranks, 1 on the slow one, several on
+    every fast rank already in round 0 (RUN-BATCH-DATA-TEST's k = 0 reports, nominal capabilities), the same model
+    on every rank after every round, eqs. 6-8 against numpy, a loss target one step per round cannot reach; the
+    blocking run then checks that a hung rank is named by the others' aggregation within its timeout
+    (tests/mpi/keras_esync.py)."""
     proc = run_mpi(4, "tests/mpi/keras_esync.py", timeout=400)
     assert_ok(proc, 4)
 

@@ -13,7 +13,8 @@ loop ranks 0 and 3 stop on their own clocks (``steps.stop()``).  Checks, on ever
   own N_r;
 * lockstep modes: every rank yielded max(N_r) batches (idle ones past its own), so every gradient allreduce paired;
   with stops, every rank left at the same batch;
-* the loss went down.
+* every mode trained: its final loss (on 300 training images) is within LOSS_RATIO of allreduce's in the same job
+  and under LOSS_CAP (an untrained model is at ln 10 = 2.30).
 Prints OK rank=R.
 """
 import hashlib
@@ -39,6 +40,10 @@ OPTIONS = {"hop": {"max_ig": 12, "backup_workers": 1, "skip": 10, "skip_trigger"
 # Modes in which a fast rank runs ahead of a slow one (the others group or schedule it with the slow rank: Ripples'
 # static schedule, a random GG, eager-SGD's majority wait for it often enough to keep the counts close).
 DECOUPLED = ("ripples-smart", "eager-solo", "hop", "esync")
+# The final loss of every mode's first loop: at most LOSS_RATIO x allreduce's (its lockstep baseline, first in the
+# job) and under LOSS_CAP.  Measured on 2 loaded cores: allreduce 0.311 (and od-sgd: the same steps), the others
+# 0.36-0.55 (hop the highest, 1.8x allreduce's); an untrained model is at 2.30, a diverged one far above.
+LOSS_RATIO, LOSS_CAP = 2.5, 1.0
 
 
 def data():
@@ -106,7 +111,7 @@ def main():
     modes = [m for m in modes if not algorithms._REGISTRY[m].NO_CUSTOM_LOOPS]
     owns = [30 - 3 * r for r in range(size)]
     own = owns[rank]
-    results = {}
+    results, finals = {}, {}
     for i, mode in enumerate(modes):
         stepping = algorithms._REGISTRY[mode].STEPPING
         trained, yielded, counts, final = one_loop(mode, x, y, own, None, f"{i}.a")
@@ -126,7 +131,7 @@ def main():
             # the counts are within a few steps of each other (a fresh-clone suite saw ripples-random end at
             # 24, 26, 25 and 27 for the slow rank), so only "not clearly more than the fastest"
             assert counts[SLOW][0] <= max(faster) + 2, (mode, counts)
-        assert final < 2.0, (mode, final)
+        finals[mode] = final
         # the second loop: ranks 0 and 3 stop on their own clocks
         budget = {0: 0.3, SLOW: 0.6}.get(rank)
         trained2, yielded2, counts2, _ = one_loop(mode, x, y, own, budget, f"{i}.b")
@@ -137,6 +142,10 @@ def main():
         results[mode] = (counts, counts2, round(final, 3))
         if rank == 0:
             print(f"{mode}: trained/yielded {counts} | with stops {counts2} | loss {final:.3f}", flush=True)
+    # every mode trained (see LOSS_RATIO): against allreduce's loss when the job ran it, else the cap alone
+    ref = finals.get("allreduce")
+    bound = LOSS_CAP if ref is None else min(LOSS_CAP, LOSS_RATIO * ref)
+    assert all(final < bound for final in finals.values()), f"final losses {finals}, bound {bound:.3f}"
     stats = hetsync.ops.engine_stats()
     assert stats["failed"] == 0, stats
     hetsync.shutdown()

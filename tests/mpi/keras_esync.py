@@ -1,14 +1,16 @@
 """Run under horovodrun -np 4: ``sync="esync"`` in Keras' fit with rank 3 5x slower (ESync §3.1, §4).
 
 Checked on every rank:
-- the slow rank takes one local iteration per round, the fast ones about 5 (its per-iteration time / theirs),
-  from round 0 on: RUN-BATCH-DATA-TEST (Algorithm 1 line 3) put every capability on the State Server before it
-  (without it round 0 ends after one step everywhere);
+- the slow rank takes one local iteration per round, the fast ones about 5 (its per-iteration time / theirs);
+- RUN-BATCH-DATA-TEST (Algorithm 1 line 3): the first QUERY-STATE is a k = 0 report of a measured capability,
+  before round 0; the k = 0 reports decide round 0 (the test reports the emulated compute's nominal capabilities
+  there, so the slow rank is always named the slowest): the fast ranks take several local iterations in round 0
+  (without the reports every fast rank takes exactly one);
 - the batch test's iterations were undone: the optimizer counted exactly the rounds' local iterations;
 - after every round (Keras step) every rank holds the same model, bit for bit;
 - the aggregation's arithmetic against numpy: w_{t+1} = w_t + ε·mean_i(w_local_i - w_t) (eqs. 6-8, ε = 0.8),
   with every rank's w_local gathered just before the aggregation;
-- the consensus model reaches a loss target.
+- the consensus model reaches a loss target that training without the local steps (one per round) does not.
 First the same with §4.2's non-blocking query (target and lockstep only), then non-blocking with
 ``on_ready="abort"`` (one epoch): a fast rank's iteration in flight when READY arrives is discarded -- the model it
 aggregates is the one after the iteration before, and the optimizer does not count it (under "finish" it is the
@@ -129,13 +131,20 @@ def wrap_in_flight(algo, hook):
 
 
 def spy_first_query(algo, hook):
-    """Records the worker's first QUERY-STATE (k, c) and whether the fit's start (round 0) had begun."""
+    """Records the worker's first QUERY-STATE (k, c, whether the fit's start -- round 0 -- had begun), then makes
+    round 0 deterministic: every k = 0 query (the fit's start: RUN-BATCH-DATA-TEST's report, and the one after the
+    start's allreduce, which re-reports c with round 0's t_e) reports the nominal capability of the emulated compute,
+    BASE on a fast rank and FACTOR * BASE on the slow one, instead of the measured one.  A measured batch test can
+    name a fast rank the slowest when another process delays one of its iterations on this shared host; the nominal
+    ones always name the slow rank, so round 0 is decided as on a quiet machine.  The queries of round 0's local
+    iterations (k >= 1) carry what the worker measured, as in every other round."""
     inner, first = algo.client.query, []
+    nominal = (FACTOR if hvd.rank() == SLOW else 1) * BASE
 
     def query(k, c, finished_at):
         if not first:
             first.append((k, c, getattr(hook, "started", False)))
-        return inner(k, c, finished_at)
+        return inner(k, nominal if k == 0 else c, finished_at)
 
     algo.client.query = query
     return first
@@ -183,15 +192,20 @@ def run(variant):
     assert int(model.optimizer.iterations.numpy()) == first + sum(rounds[1:]), (int(model.optimizer.iterations),
                                                                                  first, rounds)
     # RUN-BATCH-DATA-TEST: the first QUERY-STATE (k = 0) carried a measured capability, before round 0 began
-    # (without it: c = 0).  Then round 0 is decided on them: when the measures named the slow rank the slowest
-    # (on a loaded host a fast rank's test can be slower), the fast ranks take several local steps in round 0 --
-    # without the test every fast rank takes exactly one (nobody knows the slow rank is slow).
+    # (without the test: c = 0, and no k = 0 query before the start's allreduce).
     k0, c0, started = first_query[0]
     assert k0 == 0 and c0 > 0 and not started, first_query
-    caps = hvd.allgather(tf.constant([c0]), name=f"caps_{variant}").numpy()
+    # Round 0 is decided on the capabilities reported at k = 0 (the spy reports the nominal ones: the slow rank is
+    # the slowest, 0.2 s per iteration against a fast rank's 0.04 s + compute), so a fast rank keeps stepping until
+    # one more step would end after the slow rank's first: about 4 steps on a quiet machine.  Without the k = 0
+    # reports (or with a stale t_e for the slow rank: the one before the start's allreduce) every fast rank takes
+    # exactly one step in round 0, as nobody knows yet that the slow rank is slow.  Generous bound (timing): at
+    # least 2 on some fast rank, which holds as long as one fast rank's first iteration takes under ~0.1 s (2.5x
+    # its nominal time); "abort" may discard the step in flight when READY arrives, hence not 3.
     round0 = hvd.allgather(tf.constant([rounds[0]]), name=f"round0_{variant}").numpy()
-    if int(np.argmax(caps)) == SLOW and caps[SLOW] > 2 * max(caps[r] for r in range(size) if r != SLOW):
-        assert max(round0[r] for r in range(size) if r != SLOW) >= 3, f"round 0 local steps: {round0}, c {caps}"
+    print(f"rank {rank} ({variant}): round 0 local steps {round0.tolist()}, measured first capability {c0:.4f} s",
+          flush=True)
+    assert max(round0[r] for r in range(size) if r != SLOW) >= 2, f"round 0 local steps: {round0}"
     if rank == SLOW:
         # (non-blocking: a fast rank slowed by another process can be named the slowest for a round; the slow rank
         # then keeps iterating while its query is in flight)
@@ -208,7 +222,11 @@ def run(variant):
             assert m["aborted"] == 0, m
     if variant == "abort":
         return  # one epoch: the lockstep, the rule and the counts above
-    target = 1.2
+    # The consensus model trained with local steps: measured on 2 loaded cores, "finish" (global_lr 1, ~4-5 local
+    # steps a round) 0.42-0.48, blocking (global_lr 0.8, ~3) 0.64-0.79.  For scale (one process, the same model and
+    # 24 steps of the global batch): an untrained model is at 2.33, one step per round at ESync's ε = 0.8 at 1.51
+    # -- what ESync gives when the fast ranks' local steps are lost -- and 100 steps at 0.35.
+    target = 0.75 if NON_BLOCKING else 1.0
     assert result["loss"] <= target, f"rank {rank}: consensus loss {result['loss']:.3f} > {target}"
     if not NON_BLOCKING:
         check_dead_rank(build, loss, x, y, rank, size)
