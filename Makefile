@@ -19,7 +19,7 @@ install:
 build:
 	$(MAKE) -C tf_ops PYTHON=$(abspath $(PY))
 
-# `make test`: the suite CI runs (about 15 minutes on 2 cores); `make test-full` adds the long variants marked `full`
+# `make test`: the suite CI runs (docs/testing.md: its time); `make test-full` adds the long variants marked `full`
 # (every ordered pair of modes switched, 181 switches).  -ra: every skip and xfail is listed with its reason.
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider -ra --durations=40
 
