@@ -24,6 +24,9 @@ def cluster():
 
 
 def test_every_mode_across_two_hosts_with_a_slow_host_and_an_early_stop(cluster):
+    """Every mode by live switches across 2 hosts: every rank exits 0 with one model, and that model learned (its
+    test loss with BatchNorm on the test set's statistics under 0.8, an untrained model's about 2.5; see
+    tests/mpi/cluster_job.py)."""
     env = mpi_env()
     # Open MPI forwards only OMPI_* variables to the other hosts' ranks: name the rest
     forward = sorted(set(MPI_ENV) - {k for k in MPI_ENV if k.startswith("OMPI_")}) + ["PYTHONPATH", "PATH"]

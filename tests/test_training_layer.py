@@ -22,6 +22,8 @@ def _run(script):
 
 
 def test_horovod_tf2_loop_in_every_mode_with_a_slow_rank_uneven_shards_and_stops():
+    """Horovod's TF2 loop under hetsync.job_steps in every mode (tests/mpi/custom_loops.py): step counts per mode,
+    one model after finish(), and every mode's final loss within 2.5x allreduce's in the same job and under 1.0."""
     _run("tests/mpi/custom_loops.py")
 
 
