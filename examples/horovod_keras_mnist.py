@@ -117,17 +117,19 @@ class PeriodicAllreduce(tf.keras.callbacks.Callback):
 
 
 class EpochEnds(tf.keras.callbacks.Callback):
-    """Records this rank's fit duration (its own clock) and the job's Keras step count at each epoch end."""
+    """Records this rank's fit duration (its own clock) and, at each epoch end, the job's Keras steps since fit began
+    (the job's step count goes on across fits in one process)."""
 
     def __init__(self):
         super().__init__()
-        self.positions, self.fit_s, self.t0 = [], None, None
+        self.positions, self.fit_s, self.t0, self.start = [], None, None, 0
 
     def on_train_begin(self, logs=None):
         self.t0 = time.monotonic()
+        self.start = hetsync.training.position()
 
     def on_epoch_end(self, epoch, logs=None):
-        self.positions.append(hetsync.training.position())
+        self.positions.append(hetsync.training.position() - self.start)
 
     def on_train_end(self, logs=None):
         self.fit_s = time.monotonic() - self.t0

@@ -8,9 +8,11 @@ with the structure of Horovod's own Keras MNIST example, one line changed -- on 
    the stops fall at the same batch on any machine -- a time budget is the same stop, decided by a clock:
    test_training_layer.py's long epoch runs those), EarlyStopping on rank 1 only, uneven shards (rank r has 3r
    fewer batches per epoch), the user's allreduce every 7 batches, ``fit`` called again afterwards -- in every
-   mode, and with keras_callbacks.Consensus for two.  These cases run one after another in one job (the example's
-   ``train``, tests/mpi/dropin_clocks.py); scenario 1 runs each mode in a job of its own, so every mode's exit is
-   checked alone.
+   mode, and with keras_callbacks.Consensus for two.
+
+Every case runs one after another in one job launched by ``horovodrun``, as users launch the script (the example's
+``train`` once per case, tests/mpi/dropin_cases.py): 21 trainings share one start-up of four TensorFlow processes,
+and the job's exit, after every mode has run, must still be clean.
 
 Nothing is timed: a wait on a rank that is not coming would hang until HETSYNC_TIMEOUT (60 s here) and fail.
 The jobs turn tf.data's autotuning off (``--no-autotune``): with TensorFlow 2.15's default, the end of a ``fit`` can
@@ -30,13 +32,6 @@ MODES = available_modes()
 # Modes in which fast ranks run ahead of a slow one in this example (the others pair it with the slow rank: Ripples'
 # static schedule and random groups, eager-SGD's majority, Hop without skipping).
 DECOUPLED = ("ripples-smart", "eager-solo", "esync")
-SCRIPT = "examples/horovod_keras_mnist.py"
-
-
-def launcher(mode):
-    """horovodrun, as users launch the script, for the baseline; plain mpirun (what horovodrun --mpi runs, without
-    its ~7 s of start-up checks per job) for the others, to keep the suite's time."""
-    return "horovodrun" if mode == "allreduce" else "mpirun"
 
 
 def summaries(path):
@@ -50,9 +45,8 @@ def first_error(text):
 
 
 def check_clean(proc, out):
-    """Exit 0 with no process killed by a signal (issue 18's segfaults at exit: tests/stress_exits.py's check, here
-    on each of these jobs -- every mode, twice -- instead of a job of its own per mode), no Horovod stall, one
-    model, the same epochs and user collectives everywhere."""
+    """Exit 0 with no process killed by a signal (segfaults at exit: tests/stress_exits.py's check, here on the job
+    that ran every mode), no Horovod stall, one model, the same epochs and user collectives everywhere."""
     assert proc.returncode == 0, first_error(proc.stdout) + "\n...\n" + proc.stdout[-6000:]
     assert not any(s in proc.stdout for s in SIGNALS), proc.stdout[-6000:]
     assert "Stalled ranks" not in proc.stdout and "stall" not in proc.stdout.lower(), proc.stdout[-8000:]
@@ -64,18 +58,28 @@ def check_clean(proc, out):
     return runs
 
 
-@pytest.mark.parametrize("mode", MODES + ["auto"])
-def test_horovod_example_with_a_slow_rank_and_user_collectives(mode, tmp_path):
-    """... and sync="auto": with rank 3 5x slower from the start it leaves allreduce for the straggler mode
-    mid-epoch, among the user's collectives, checkpoints and LR warm-up, with the same guarantees.
+SLOW_MODES = MODES + ["auto"]
 
-    od-sgd runs a 4th epoch: its warm-up ends at step 100, in epoch 3, and with the example's Adam (4 x 0.002) the
-    one-step-delayed global update raises the loss for the next ~40 steps (README, OD-SGD: measured val loss 0.076
-    after epoch 2, 1.15 after epoch 3, 0.17 after epoch 4)."""
-    epochs = 4 if mode == "od-sgd" else 3
-    proc = run_mpi(4, SCRIPT, "--sync", mode, "--no-autotune", "--slow-rank", 3, "--factor", 5, "--allreduce-every", 7,
-                   "--epochs", epochs, "--steps-per-epoch", 40, "--checkpoint-dir", tmp_path, "--summary-dir", tmp_path,
-                   "--target-loss", 0.3, launcher=launcher(mode), timeout=400, env=mpi_env(HETSYNC_TIMEOUT=60))
+
+def slow_args(mode, out):
+    """Scenario 1: od-sgd runs a 4th epoch (its warm-up ends at step 100, in epoch 3, and with the example's Adam
+    (4 x 0.002) the one-step-delayed global update raises the loss for the next ~40 steps: README, OD-SGD,
+    measured val loss 0.076 after epoch 2, 1.15 after epoch 3, 0.17 after epoch 4)."""
+    return ["--sync", mode, "--no-autotune", "--slow-rank", "3", "--factor", "5", "--allreduce-every", "7",
+            "--epochs", str(slow_epochs(mode)), "--steps-per-epoch", "40", "--checkpoint-dir", str(out)]
+
+
+def slow_epochs(mode):
+    return 4 if mode == "od-sgd" else 3
+
+
+@pytest.mark.parametrize("mode", SLOW_MODES)
+def test_horovod_example_with_a_slow_rank_and_user_collectives(mode, dropin_job):
+    """... and sync="auto": with rank 3 5x slower from the start it leaves allreduce for the straggler mode
+    mid-epoch, among the user's collectives, checkpoints and LR warm-up, with the same guarantees."""
+    proc, base = dropin_job
+    tmp_path = base / f"slow-{mode}"
+    epochs = slow_epochs(mode)
     runs = check_clean(proc, tmp_path)
     assert runs[0]["user_allreduces"] == epochs * 40 // 7
     assert all(s["loss"] <= 0.3 for s in runs), [s["loss"] for s in runs]
@@ -123,20 +127,25 @@ def clocks_args(mode, consensus):
 
 
 @pytest.fixture(scope="module")
-def clocks_job(tmp_path_factory):
-    """Every case below in one mpirun job (tests/mpi/dropin_clocks.py runs the example's training once per case):
-    the job's exit status and output, and each case's summary directory."""
-    base = tmp_path_factory.mktemp("clocks")
-    cases = [[str(base / mode), clocks_args(mode, consensus)] for mode, consensus in CASES]
-    proc = run_mpi(4, "tests/mpi/dropin_clocks.py", json.dumps(cases), timeout=900, env=mpi_env(HETSYNC_TIMEOUT=60))
+def dropin_job(tmp_path_factory):
+    """Every case of this file in one job, launched by horovodrun as users launch the script
+    (tests/mpi/dropin_cases.py runs the example's training once per case): the job's exit status and output, and
+    the directory holding each case's summaries and checkpoints."""
+    base = tmp_path_factory.mktemp("dropin")
+    for m in SLOW_MODES:
+        (base / f"slow-{m}").mkdir()
+    cases = [[str(base / f"slow-{m}"), slow_args(m, base / f"slow-{m}")] for m in SLOW_MODES]
+    cases += [[str(base / f"clocks-{m}"), clocks_args(m, consensus)] for m, consensus in CASES]
+    proc = run_mpi(4, "tests/mpi/dropin_cases.py", json.dumps(cases), launcher="horovodrun", timeout=1500,
+                   env=mpi_env(HETSYNC_TIMEOUT=60))
     return proc, base
 
 
 @pytest.mark.parametrize("mode, consensus", CASES, ids=[f"{m}-{'consensus-every-' + c if c else 'no-callback'}"
                                                        for m, c in CASES])
-def test_ranks_stopping_on_their_own_clocks(mode, consensus, clocks_job):
-    proc, base = clocks_job
-    runs = check_clean(proc, base / mode)
+def test_ranks_stopping_on_their_own_clocks(mode, consensus, dropin_job):
+    proc, base = dropin_job
+    runs = check_clean(proc, base / f"clocks-{mode}")
     assert_ok(proc, 4)
     assert [s["stopped_by_budget_at_batch"] for s in runs] == [BUDGET[0], None, None, BUDGET[3]], runs
     # every rank ran the same epochs (idle ranks step along); the user's collectives ran as often everywhere

@@ -1,7 +1,8 @@
 """Run under mpirun -np 4: examples/horovod_keras_mnist.py's training, once per case, in one job (argument: a JSON
 list of [summary directory, script arguments]).  The script's own ``train`` runs each case as its ``main`` would,
-between one ``hetsync.init()`` and one ``hetsync.shutdown()``: the cases of tests/test_dropin.py's "stopping on their
-own" scenario share the job's start-up (four TensorFlow imports, MPI, the engine) instead of paying it once each.
+between one ``hetsync.init()`` and one ``hetsync.shutdown()``: tests/test_dropin.py's cases (a slow rank in every
+mode, ranks stopping on their own in every mode) share the job's start-up (four TensorFlow imports, MPI, the engine)
+instead of paying it once each.
 Prints OK rank=R.
 """
 import json
@@ -21,7 +22,10 @@ import horovod_keras_mnist as example  # noqa: E402
 def main():
     hvd.init()
     hetsync.init()
-    for out, argv in json.loads(sys.argv[1]):
+    cases = json.loads(sys.argv[1])
+    for i, (out, argv) in enumerate(cases, 1):
+        if hvd.rank() == 0:
+            print(f"[{i}/{len(cases)}] {' '.join(argv)}", flush=True)
         example.train(example.parse(argv + ["--summary-dir", out]))
     hetsync.shutdown()
     print(f"OK rank={hvd.rank()}", flush=True)
