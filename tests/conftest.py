@@ -75,3 +75,25 @@ def connected(n, groups, nodes=None):
             parent[find(m)] = find(members[0])
     nodes = range(n) if nodes is None else nodes
     return len({find(x) for x in nodes}) == 1
+
+
+def run_together(np_, runs, timeout=900, env=None):
+    """Several test scripts in one job (tests/mpi/together.py): ``runs`` is a list of [label, script, arg, ...];
+    each script's main() runs in turn on every rank, sharing one start-up of the ranks."""
+    import json
+
+    return run_mpi(np_, "tests/mpi/together.py", json.dumps([[str(a) for a in r] for r in runs]), timeout=timeout,
+                   env=env)
+
+
+def assert_passed(proc, label, np_):
+    """The script run as ``label`` in a run_together job returned on every rank.  On failure: the job's first
+    traceback (a failing script ends the job, so the scripts after it did not run either)."""
+    missing = [r for r in range(np_) if f"PASSED {label} rank={r}" not in proc.stdout]
+    if missing:
+        at = proc.stdout.find("Traceback")
+        first = proc.stdout[max(0, at - 1500):at + 5000] if at >= 0 else ""
+        pytest.fail(f"{label} did not pass on ranks {missing} (job exit {proc.returncode}):\n{first}\n...\n"
+                    f"{proc.stdout[-5000:]}")
+    assert HOROVOD_OWNS_MPI not in proc.stdout, f"a script imports hetsync after hvd.init():\n{proc.stdout[-5000:]}"
+    assert proc.returncode == 0, f"the job exited {proc.returncode} after its scripts passed:\n{proc.stdout[-5000:]}"

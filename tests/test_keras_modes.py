@@ -1,28 +1,50 @@
-"""Multi-process Keras runs (real mpirun/horovodrun, real TensorFlow and Horovod): the sync modes end to end."""
+"""Multi-process Keras runs (real mpirun, real TensorFlow and Horovod): the sync modes end to end.
+
+The scripts that neither kill nor hang a rank run one after another in one 4-rank job (tests/mpi/together.py), each
+as it would run alone; ESync's and OD-SGD's scripts end with a hung rank and keep a job of their own."""
 import json
 import os
 
 import pytest
 
-from conftest import assert_ok, mpi_env, run_mpi
+from conftest import assert_ok, assert_passed, mpi_env, run_mpi, run_together
+
+SLOWED_EXAMPLE = ["--steps", "60", "--slowdown", "deterministic", "--slow-ranks", "3", "--factor", "3",
+                  "--base-time", "0.01"]
+RANDOM_EXAMPLE = ["--steps", "80", "--slowdown", "random", "--factor", "4", "--base-time", "0.01"]
 
 
-def test_allreduce_matches_horovod_and_ripples_static_wiring():
-    proc = run_mpi(4, "tests/mpi/keras_modes.py")
-    assert_ok(proc, 4)
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    """The job's output, and the directory with examples/train.py's logs (one folder per run)."""
+    base = tmp_path_factory.mktemp("keras_modes")
+    runs = [
+        ["wiring", "tests/mpi/keras_modes.py"],
+        ["ripples-static-train", "tests/mpi/keras_ripples_train.py", 0.35],
+        ["example-ripples-static", "examples/train.py", "--sync", "ripples-static", *SLOWED_EXAMPLE,
+         "--log-dir", base / "example-ripples-static"],
+        ["gg-ripples-random", "tests/mpi/keras_gg_train.py", "ripples-random", 0.4],
+        ["gg-ripples-smart", "tests/mpi/keras_gg_train.py", "ripples-smart", 0.4],
+        ["eager-fidelity", "tests/mpi/eager_fidelity.py"],
+        *[[f"example-{m}", "examples/train.py", "--sync", m, *RANDOM_EXAMPLE, "--log-dir", base / f"example-{m}"]
+          for m in ("eager-solo", "eager-majority")],
+        ["hop", "tests/mpi/keras_hop.py", 0.9],
+    ]
+    return run_together(4, runs, timeout=1200), base
 
 
-def test_ripples_static_reaches_target_and_uneven_workers_end_together():
-    proc = run_mpi(4, "tests/mpi/keras_ripples_train.py", 0.35, timeout=400)
-    assert_ok(proc, 4)
+def test_allreduce_matches_horovod_and_ripples_static_wiring(job):
+    assert_passed(job[0], "wiring", 4)
 
 
-def test_example_training_script_with_slowdown(tmp_path):
+def test_ripples_static_reaches_target_and_uneven_workers_end_together(job):
+    assert_passed(job[0], "ripples-static-train", 4)
+
+
+def test_example_training_script_with_slowdown(job):
     """examples/train.py as a user runs it: ripples-static, one rank 3x slower, logs and summaries written."""
-    proc = run_mpi(4, "examples/train.py", "--sync", "ripples-static", "--steps", "60", "--slowdown",
-                   "deterministic", "--slow-ranks", "3", "--factor", "3", "--base-time", "0.01",
-                   "--log-dir", tmp_path, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-6000:]
+    assert_passed(job[0], "example-ripples-static", 4)
+    tmp_path = job[1] / "example-ripples-static"
     summaries = [json.load(open(tmp_path / f"summary{r}.json")) for r in range(4)]
     assert len({s["weights_checksum"] for s in summaries}) == 1, "ranks ended with different models"
     assert all(os.path.getsize(tmp_path / f"rank{r}.csv") > 0 for r in range(4))
@@ -30,25 +52,23 @@ def test_example_training_script_with_slowdown(tmp_path):
     assert summaries[3]["train_time_s"] >= 60 * 0.02, summaries[3]
 
 
-def test_ripples_random_group_generator_trains_with_a_slow_rank():
+def test_ripples_random_group_generator_trains_with_a_slow_rank(job):
     """ripples-random with rank 3 10x slower reaches the target loss with one model on every rank, and every group
     its GG made was a random one (requester in it, group_size draftable members, the slow rank drafted into about
     2/3 of the fast ranks' groups, a fast rank that drew 30 groups drew each of its 3 possible ones).  No claim
     that the fast ranks keep progressing: random groups draft the slow rank, so they may be held back by it
     (tests/mpi/keras_gg_train.py)."""
-    proc = run_mpi(4, "tests/mpi/keras_gg_train.py", "ripples-random", 0.4, timeout=300)
-    assert_ok(proc, 4)
+    assert_passed(job[0], "gg-ripples-random", 4)
 
 
-def test_ripples_smart_group_generator_keeps_fast_ranks_going():
+def test_ripples_smart_group_generator_keeps_fast_ranks_going(job):
     """ripples-smart with rank 3 10x slower on machines of unequal size: the target loss, one model on every rank,
     and the fast ranks keep progressing -- when rank 0 had done its 160 steps the slow rank had made fewer than
     half as many requests (tests/mpi/keras_gg_train.py)."""
-    proc = run_mpi(4, "tests/mpi/keras_gg_train.py", "ripples-smart", 0.4, timeout=300)
-    assert_ok(proc, 4)
+    assert_passed(job[0], "gg-ripples-smart", 4)
 
 
-def test_eager_algorithm5_weights_and_model_sync_every():
+def test_eager_algorithm5_weights_and_model_sync_every(job):
     """eager-SGD §5 Algorithm 5 line 6 (``late="algorithm5"``): one-hot gradients, plain SGD with lr 1, solo with a
     slow rank: every step's update times P is whole.  A round of one contribution is made, not waited for: at the
     first batch the other ranks wait in a Horovod broadcast while rank 1 runs its step alone (its solo round holds
@@ -57,17 +77,15 @@ def test_eager_algorithm5_weights_and_model_sync_every():
     gradient -- shown in the same job.  ``model_sync_every=5`` with Adam: every rank holds the same model right
     after batches 5, 10, ..., and not at every batch between; ``model_sync_epochs=2``: at epoch ends 2 and 4 and
     after fit only (tests/mpi/eager_fidelity.py)."""
-    proc = run_mpi(4, "tests/mpi/eager_fidelity.py", timeout=400)
-    assert_ok(proc, 4)
+    assert_passed(job[0], "eager-fidelity", 4)
 
 
 @pytest.mark.parametrize("mode", ["eager-solo", "eager-majority"])
-def test_eager_sgd_reaches_target_with_random_slowdown(mode, tmp_path):
+def test_eager_sgd_reaches_target_with_random_slowdown(mode, job):
     """eager-SGD end to end in Keras: every rank is 4x slower at random steps (p = 1/4, Hop §7.3.1 protocol);
     the partial allreduce lets the others go on, and the job still reaches the loss target with one model."""
-    proc = run_mpi(4, "examples/train.py", "--sync", mode, "--steps", "80", "--slowdown", "random", "--factor", "4",
-                   "--base-time", "0.01", "--log-dir", tmp_path, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-6000:]
+    assert_passed(job[0], f"example-{mode}", 4)
+    tmp_path = job[1] / f"example-{mode}"
     summaries = [json.load(open(tmp_path / f"summary{r}.json")) for r in range(4)]
     assert len({s["weights_checksum"] for s in summaries}) == 1, "ranks ended with different models"
     # (allreduce reaches 0.86 on this run; it starts at 2.3)
@@ -79,12 +97,11 @@ def test_eager_sgd_reaches_target_with_random_slowdown(mode, tmp_path):
     assert 1 <= metrics.get("mean_nap", 0) <= 4, metrics
 
 
-def test_hop_hybrid_with_a_slow_rank_trains_in_fit_and_bad_options_raise_everywhere():
+def test_hop_hybrid_with_a_slow_rank_trains_in_fit_and_bad_options_raise_everywhere(job):
     """sync='hop' (staleness + backup workers + skipping) in Keras' fit with rank 3 5x slower: one model, a loss
     target (allreduce reaches ~0.7 in the same 80 steps; the untrained loss is 2.3), the slow rank jumps; and
     options that need the world size raise ValueError on every rank."""
-    proc = run_mpi(4, "tests/mpi/keras_hop.py", 0.9, timeout=300)
-    assert_ok(proc, 4)
+    assert_passed(job[0], "hop", 4)
 
 
 def test_esync_local_steps_lockstep_numpy_aggregation_and_dead_rank():
