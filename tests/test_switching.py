@@ -7,11 +7,22 @@ import sys
 
 import pytest
 
-from conftest import ROOT, assert_ok, run_mpi
+from conftest import ROOT, assert_ok, assert_passed, run_mpi, run_together
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    """make test's three switching scripts one after another in one 4-rank job (tests/mpi/together.py); the auto
+    run's log directory."""
+    logdir = tmp_path_factory.mktemp("auto") / "logs"
+    runs = [["auto", "tests/mpi/keras_auto.py", logdir],
+            ["switch-cycle", "tests/mpi/keras_switch.py", "all", "cycle"],
+            ["conservation", "tests/mpi/switch_conservation.py"]]
+    return run_together(4, runs, timeout=1200), logdir
 
 
 @pytest.mark.parametrize("walk", ["cycle", pytest.param("pairs", marks=pytest.mark.full)])
-def test_every_mode_switches_in_and_out_at_epoch_ends_and_mid_epoch(walk):
+def test_every_mode_switches_in_and_out_at_epoch_ends_and_mid_epoch(walk, request):
     """4 ranks, rank 3 5x slower: every registered mode is switched into and out of (``cycle``: a cycle through the
     modes, 21 switches; ``pairs``, make test-full: every ordered pair, 181 switches) at an epoch start (schedule) and
     again mid-epoch (requests from rotating ranks); right after each switch every rank holds the same model,
@@ -19,27 +30,28 @@ def test_every_mode_switches_in_and_out_at_epoch_ends_and_mid_epoch(walk):
     iterations equal at every step;
     concurrent requests give one switch; unknown mode / bad option raise on the requesting rank only; every rank
     switches at the same steps and ends with one model under the loss target (tests/mpi/keras_switch.py)."""
+    if walk == "cycle":
+        assert_passed(request.getfixturevalue("job")[0], "switch-cycle", 4)
+        return
     proc = run_mpi(4, "tests/mpi/keras_switch.py", "all", walk, timeout=600)
     assert_ok(proc, 4)
 
 
-def test_switches_lose_no_gradient_and_a_switch_failing_on_one_rank_is_refused_everywhere():
+def test_switches_lose_no_gradient_and_a_switch_failing_on_one_rank_is_refused_everywhere(job):
     """One-hot deposits (rank r's gradient is e_r), plain SGD, backward_passes_per_step=3, rank 3 3x slower: across
     every ordered pair of the sum-preserving modes, switched mid-epoch, the final model is exactly -lr x (gradients
     each rank applied) / P per coordinate -- eager-SGD's undelivered deposits and unreturned rounds and half-filled
     accumulators are applied once at the switch, never lost or carried; a mode whose checks fail on rank 2 only is
     refused on every rank, naming rank 2, and training goes on (tests/mpi/switch_conservation.py)."""
-    proc = run_mpi(4, "tests/mpi/switch_conservation.py", timeout=300)
-    assert_ok(proc, 4)
+    assert_passed(job[0], "conservation", 4)
 
 
-def test_auto_follows_a_straggler_and_back_and_the_report_shows_it(tmp_path):
+def test_auto_follows_a_straggler_and_back_and_the_report_shows_it(job):
     """sync="auto" stays on allreduce while homogeneous, moves to esync when rank 3 becomes 5x slower and back
     when it recovers (tests/mpi/keras_auto.py); then `hetsync report` turns the run's records into a PNG and a
     Markdown summary naming both switches."""
-    logdir = tmp_path / "logs"
-    proc = run_mpi(4, "tests/mpi/keras_auto.py", str(logdir), timeout=400)
-    assert_ok(proc, 4)
+    proc, logdir = job
+    assert_passed(proc, "auto", 4)
     assert (logdir / "hetsync" / "rank0").is_dir()  # TensorBoard scalars beside the user's TensorBoard logs
     out = subprocess.run([sys.executable, "-m", "hetsync.cli", "report", str(logdir)], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)

@@ -23,7 +23,7 @@ class HorovodAllreduce(IdleContribution, SyncAlgorithm):
 
         import horovod.tensorflow.keras as hvd_keras
 
-        optimizer, loss_scaled = loss_scale_parts(optimizer)
+        optimizer, loss_scaled = loss_scale_parts(optimizer, self)
         wrapped = hvd_keras.DistributedOptimizer(optimizer, **self.horovod_kwargs)
         rebuild_from_config(type(wrapped), type(optimizer), self)  # Horovod's class is made for this optimizer
         # This rank's weight in the gradient average: 1, or 0 while it is idle (it stopped early; its steps still

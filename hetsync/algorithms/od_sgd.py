@@ -88,7 +88,7 @@ class ODSGD(IdleContribution, SyncAlgorithm):
         from hetsync import _runtime
 
         _runtime.require_init("sync='od-sgd'")
-        optimizer, loss_scaled = loss_scale_parts(optimizer)
+        optimizer, loss_scaled = loss_scale_parts(optimizer, self)
         wrapped = hvd_keras.DistributedOptimizer(optimizer, **self.horovod_kwargs)
         rebuild_from_config(type(wrapped), type(optimizer), self)  # Horovod's class is made for this optimizer
         self.make_contribution()

@@ -66,6 +66,8 @@ def main():
             assert f"waiting for ranks [{size - 1}]" in e.message, e.message
             assert time.monotonic() - t0 >= 1.9
     barrier()
+    ops.engine_shutdown()  # (a script after this one in the same job starts a fresh engine)
 
 
-run(main)
+if __name__ == "__main__":
+    run(main)

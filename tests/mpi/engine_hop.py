@@ -221,4 +221,5 @@ def main():
               f"{skips.tolist()}; {time.time() - t0:.1f} s", flush=True)
 
 
-run(main)
+if __name__ == "__main__":
+    run(main)

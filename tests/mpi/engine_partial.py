@@ -264,4 +264,5 @@ def main():
     check_dead(ops)
 
 
-run(main)
+if __name__ == "__main__":
+    run(main)

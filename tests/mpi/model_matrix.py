@@ -1,18 +1,17 @@
 """Run under mpirun -np 4: real models and optimizers in every mode (argument: modes, default all), in one job.
 
-Per mode, three short ``fit`` calls with Horovod's broadcast, metric-average and learning-rate schedule callbacks
+Per mode, two short ``fit`` calls with Horovod's broadcast, metric-average and learning-rate schedule callbacks
 (the rate halved from the second epoch on), rank 3 2x slower:
 
-1. ``Sequential`` built lazily (no Input layer) with Conv2D, BatchNormalization, Dropout; Adam, rebuilt by
-   ``get_config``/``from_config`` (it trains in the same mode).  After fit the BatchNorm moving statistics are the
-   same on every rank (the end-of-fit consensus averages every float variable, trainable or not) and moved away
-   from their initial values.
+1. Under ``mixed_float16``, a ``Sequential`` built lazily (no Input layer) with Conv2D, BatchNormalization,
+   Dropout; ``LossScaleOptimizer(Adam)``, rebuilt by ``get_config``/``from_config`` (it trains in the same mode);
+   ``steps_per_epoch=None`` on finite shards of different lengths (the job's epoch is their sum).  After fit the
+   BatchNorm moving statistics are the same on every rank (the end-of-fit consensus averages every float variable,
+   trainable or not) and moved away from their initial values.
 2. Functional model with an ``Embedding`` (sparse IndexedSlices gradients), a legacy optimizer
    (``tf.keras.optimizers.legacy.SGD`` with momentum) and Horovod's ``register_local_var``: the registered bias
    stays each worker's own (different on every rank: the shards differ), every other variable is the same
    everywhere.
-3. Subclassed model under ``mixed_float16`` with ``LossScaleOptimizer(Adam)``, with ``steps_per_epoch=None`` on
-   finite shards of different lengths (the job's epoch is their sum).
 
 Each: the loss on a fixed probe of the rank's data fell below LOSS_FRACTION of an untrained model's (ln 10), and one
 model on every rank (checksums allgathered).  Prints OK rank=R.
@@ -39,9 +38,8 @@ from common import digit_images, without_autotune  # noqa: E402
 
 STEPS, EPOCHS = 6, 2
 # After fit, the probe loss is below this fraction of an untrained model's (ln 10).  Measured (2026-11-26, every
-# mode, on a loaded machine): batchnorm 0.31-0.78, mixed 0.29-0.80, the token task 0.002-0.023 (esync, hop,
-# eager-solo, allreduce).
-LOSS_FRACTION = {"batchnorm": 0.5, "embedding": 0.2, "mixed": 0.5}
+# mode): mixed-batchnorm 0.083-0.210 (fractions 0.04-0.09), the token task 0.001-0.039 (up to 0.017).
+LOSS_FRACTION = {"mixed-batchnorm": 0.25, "embedding": 0.1}
 LOSSES = []
 _TAGS = iter(range(10 ** 6))
 
@@ -103,22 +101,38 @@ def repeated(x, y):
     return without_autotune(tf.data.Dataset.from_tensor_slices((x, y)).repeat().shuffle(256, seed=rank).batch(16))
 
 
-def lazy_batchnorm_from_config(mode, x, y):
-    """1. A Sequential built lazily (no Input layer) with Conv2D, BatchNormalization and Dropout; Adam, rebuilt by
-    ``get_config``/``from_config`` (it trains in the same mode)."""
-    # (momentum 0.5: the moving statistics the probe's inference uses settle within the fit's 12 steps)
-    model = tf.keras.Sequential([tf.keras.layers.Conv2D(8, 3), tf.keras.layers.BatchNormalization(momentum=0.5),
-                                 tf.keras.layers.ReLU(), tf.keras.layers.Flatten(), tf.keras.layers.Dropout(0.2),
-                                 tf.keras.layers.Dense(10)])
-    opt = hetsync_opt(tf.keras.optimizers.Adam(0.01), mode)
-    config = opt.get_config()
-    assert abs(float(config["learning_rate"]) - 0.01) < 1e-7, config
-    again = type(opt).from_config(config)
-    assert again._hetsync_algorithm.name == mode, (mode, again)
-    fit(model, again, repeated(x, y), (x[:256], y[:256]), mode, what="batchnorm")
-    bn = model.layers[1]
-    same_everywhere((mode, "batchnorm"), model.get_weights())
-    assert np.abs(bn.moving_mean.numpy()).max() > 0, (mode, "moving statistics never updated")
+def lazy_batchnorm_mixed_on_finite_shards(mode, x, y):
+    """1. Under ``mixed_float16``: a Sequential built lazily (no Input layer) with Conv2D, BatchNormalization and
+    Dropout, ``LossScaleOptimizer(Adam)`` rebuilt by ``get_config``/``from_config`` (it trains in the same mode),
+    ``steps_per_epoch=None`` on finite shards of 10, 12, 14, 16 batches: every rank runs 16 Keras steps per epoch,
+    and an "own" mode's epoch is the sum of the shards (train steps shared by speed).  After fit the BatchNorm
+    moving statistics are the same on every rank (the end-of-fit consensus averages every float variable,
+    trainable or not) and moved away from their initial values."""
+    tf.keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        # (momentum 0.5: the moving statistics the probe's inference uses settle within the fit's steps; logits in
+        # float32, as the mixed-precision guide says)
+        model = tf.keras.Sequential([tf.keras.layers.Conv2D(8, 3), tf.keras.layers.BatchNormalization(momentum=0.5),
+                                     tf.keras.layers.ReLU(), tf.keras.layers.Flatten(), tf.keras.layers.Dropout(0.2),
+                                     tf.keras.layers.Dense(10, dtype="float32")])
+        opt = hetsync_opt(tf.keras.mixed_precision.LossScaleOptimizer(tf.keras.optimizers.Adam(0.01)), mode)
+        config = opt.get_config()
+        again = type(opt).from_config(config)
+        assert again._hetsync_algorithm.name == mode, (mode, type(again).__mro__)
+        assert abs(float(again.inner_optimizer.learning_rate) - 0.01) < 1e-7, config
+        batches = 10 + 2 * hvd.rank()
+        ds = without_autotune(tf.data.Dataset.from_tensor_slices((x[:16 * batches], y[:16 * batches])).batch(16))
+        before = hetsync.training.position()
+        fit(model, again, ds, (x[:256], y[:256]), mode, steps_per_epoch=None, what="mixed-batchnorm")
+        assert hetsync.training.position() - before == EPOCHS * 16, (mode, hetsync.training.position() - before)
+        same_everywhere((mode, "mixed-batchnorm"), model.get_weights())
+        assert np.abs(model.layers[1].moving_mean.numpy()).max() > 0, (mode, "moving statistics never updated")
+        trained = hvd_tf.allgather_object(int(model.optimizer.iterations.numpy()), name=f"matrix.it.{next(_TAGS)}")
+        if again._hetsync_algorithm.STEPPING == "own":
+            # (iterations: Horovod's first-batch broadcast copies rank 0's count to every rank, a few off at most)
+            assert abs(sum(trained) - EPOCHS * 52) <= 8, (mode, trained)
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
 
 
 def embedding_legacy_local_var(mode):
@@ -142,39 +156,6 @@ def embedding_legacy_local_var(mode):
     assert len(set(biases)) == hvd.size(), (mode, "a worker-local variable was exchanged or averaged", biases)
 
 
-class Net(tf.keras.Model):
-    def __init__(self):
-        super().__init__()
-        self.conv = tf.keras.layers.Conv2D(8, 3, activation="relu")
-        self.flat = tf.keras.layers.Flatten()
-        self.out = tf.keras.layers.Dense(10, dtype="float32")  # logits in float32, as the mixed-precision guide says
-
-    def call(self, x, training=False):
-        return self.out(self.flat(self.conv(x)))
-
-
-def mixed_on_finite_shards(mode, x, y):
-    """3. A subclassed model under ``mixed_float16`` with ``LossScaleOptimizer(Adam)``, with ``steps_per_epoch=None``
-    on finite shards of 10, 12, 14, 16 batches: every rank runs 16 Keras steps per epoch, and an "own" mode's epoch
-    is the sum of the shards (train steps shared by speed)."""
-    tf.keras.mixed_precision.set_global_policy("mixed_float16")
-    try:
-        opt = hetsync_opt(tf.keras.mixed_precision.LossScaleOptimizer(tf.keras.optimizers.Adam(0.01)), mode)
-        model = Net()
-        batches = 10 + 2 * hvd.rank()
-        ds = without_autotune(tf.data.Dataset.from_tensor_slices((x[:16 * batches], y[:16 * batches])).batch(16))
-        before = hetsync.training.position()
-        fit(model, opt, ds, (x[:256], y[:256]), mode, steps_per_epoch=None, what="mixed")
-        assert hetsync.training.position() - before == EPOCHS * 16, (mode, hetsync.training.position() - before)
-        same_everywhere((mode, "mixed"), model.get_weights())
-        trained = hvd_tf.allgather_object(int(model.optimizer.iterations.numpy()), name=f"matrix.it.{next(_TAGS)}")
-        if opt._hetsync_algorithm.STEPPING == "own":
-            # (iterations: Horovod's first-batch broadcast copies rank 0's count to every rank, a few off at most)
-            assert abs(sum(trained) - EPOCHS * 52) <= 8, (mode, trained)
-    finally:
-        tf.keras.mixed_precision.set_global_policy("float32")
-
-
 def main():
     hvd.init()
     hetsync.init()
@@ -182,12 +163,11 @@ def main():
     x, y = digits()
     modes = sys.argv[1].split(",") if len(sys.argv) > 1 else algorithms.available_modes()
     for mode in modes:
-        lazy_batchnorm_from_config(mode, x, y)
+        lazy_batchnorm_mixed_on_finite_shards(mode, x, y)
         embedding_legacy_local_var(mode)
-        mixed_on_finite_shards(mode, x, y)
         if hvd.rank() == 0:
-            print(f"{mode}: batchnorm + from_config, embedding + legacy + local var, mixed precision on finite shards "
-                  "ok", flush=True)
+            print(f"{mode}: lazy batchnorm + mixed precision + from_config on finite shards, embedding + legacy + "
+                  "local var ok", flush=True)
     print(f"rank {hvd.rank()}: probe losses after fit: highest {max(loss for _, _, loss in LOSSES):.3f}", flush=True)
     assert hetsync.ops.engine_stats()["failed"] == 0
     hetsync.shutdown()

@@ -1,16 +1,19 @@
 """Run under mpirun: several of these test scripts one after another in one job (argument: a JSON list of
 [label, script, arg, ...]).  Each script's ``main()`` runs as it would alone, with ``sys.argv`` set to its arguments;
 the scripts share the job's start-up (a TensorFlow import per rank, MPI, Horovod) instead of paying it once each.
-A script's own ``hetsync.init()`` / ``hetsync.shutdown()`` open and close hetsync around it, as in a job of its own.
+A script's own ``hetsync.init()`` / ``hetsync.shutdown()`` (an engine script's own engine start and shutdown) open
+and close hetsync around it, as in a job of its own.
 
 After each script's ``main()`` returns on a rank, that rank prints ``PASSED <label> rank=R`` (tests/conftest.py's
-``assert_passed`` looks for it); an exception ends the job, as it would end the script's own job.  Rank 0 prints
+``assert_passed`` looks for it); an exception prints its traceback and ``FAIL <label> rank=R`` and ends the process
+at once (the launcher then ends the job: no peer is left waiting for the failed rank until a timeout).  Rank 0 prints
 ``[i/N] label`` before each.  Scripts that kill or hang a rank on purpose keep a job of their own.
 """
 import importlib.util
 import json
 import os
 import sys
+import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -46,7 +49,13 @@ def main():
     for i, (label, path, *args) in enumerate(runs, 1):
         if hvd.rank() == 0:
             print(f"[{i}/{len(runs)}] {label}: {path} {' '.join(args)}", flush=True)
-        run(label, path, args, i)
+        try:
+            run(label, path, args, i)
+        except BaseException:  # noqa: BLE001 -- report anything, then end this rank loudly
+            traceback.print_exc()
+            print(f"FAIL {label} rank={hvd.rank()}", flush=True)
+            sys.stderr.flush()
+            os._exit(1)
         print(f"PASSED {label} rank={hvd.rank()}", flush=True)
 
 

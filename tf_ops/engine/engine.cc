@@ -119,6 +119,10 @@ Status Engine::Start(double timeout_seconds, int cache_size) {
   for (auto& p : ctx_.abandoned_) graveyard_.push_back(std::move(p));
   ctx_ = EngineContext();
   ctx_.comm = comm;
+  // A started engine begins where a new process does: this rank is coming (an earlier run's AWAY or idle pin
+  // would exclude it from the new engine's first exchanges).
+  GlobalAvailability().Pin(false);
+  GlobalAvailability().Set(Availability::kInStep);
   MPI_Comm_rank(comm, &ctx_.rank);
   MPI_Comm_size(comm, &ctx_.size);
   ctx_.default_timeout = timeout_seconds > 0 ? timeout_seconds : kDefaultTimeout;
