@@ -98,3 +98,31 @@ def assert_passed(proc, label, np_):
     assert HOROVOD_OWNS_MPI not in proc.stdout, f"a script imports hetsync after hvd.init():\n{proc.stdout[-5000:]}"
     if "\nFAIL " not in proc.stdout and not proc.stdout.startswith("FAIL "):  # (a failed script is its own test's)
         assert proc.returncode == 0, f"the job exited {proc.returncode} after its scripts passed:\n{proc.stdout[-5000:]}"
+
+
+SLOWED_EXAMPLE = ["--steps", "60", "--slowdown", "deterministic", "--slow-ranks", "3", "--factor", "3",
+                  "--base-time", "0.01"]
+RANDOM_EXAMPLE = ["--steps", "80", "--slowdown", "random", "--factor", "4", "--base-time", "0.01"]
+
+
+@pytest.fixture(scope="session")
+def keras_job(tmp_path_factory):
+    """The 4-rank Keras scripts of test_keras_modes.py and test_balanced.py in one job (they neither kill nor hang
+    a rank for good; ESync's, which hangs one for 12 s, runs last): the job's output, and the directory with each
+    run's files (a folder per run)."""
+    base = tmp_path_factory.mktemp("keras_modes")
+    runs = [
+        ["balanced", "tests/mpi/balanced_job.py", base / "balanced"],  # first: its shares follow measured speeds
+        ["wiring", "tests/mpi/keras_modes.py"],
+        ["ripples-static-train", "tests/mpi/keras_ripples_train.py", 0.35],
+        ["example-ripples-static", "examples/train.py", "--sync", "ripples-static", *SLOWED_EXAMPLE,
+         "--log-dir", base / "example-ripples-static"],
+        ["gg-ripples-random", "tests/mpi/keras_gg_train.py", "ripples-random", 0.4],
+        ["gg-ripples-smart", "tests/mpi/keras_gg_train.py", "ripples-smart", 0.4],
+        ["eager-fidelity", "tests/mpi/eager_fidelity.py"],
+        *[[f"example-{m}", "examples/train.py", "--sync", m, *RANDOM_EXAMPLE, "--log-dir", base / f"example-{m}"]
+          for m in ("eager-solo", "eager-majority")],
+        ["hop", "tests/mpi/keras_hop.py", 0.9],
+        ["esync", "tests/mpi/keras_esync.py"],  # last: it ends with a rank hung for 12 s, named by the others
+    ]
+    return run_together(4, runs, timeout=1200), base

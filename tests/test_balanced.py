@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import assert_ok, run_mpi
+from conftest import assert_passed
 
 from hetsync.algorithms import balanced_plan
 from hetsync.algorithms.balanced_plan import bounds, plan
@@ -79,15 +79,16 @@ def test_min_and_max_share_bound_the_plan():
     assert balanced_plan.bounds(32, 0.01, 4.0) == (1, 128)
 
 
-def test_balanced_job_replays_union_batch_sgd_follows_speed_and_reports_shares(tmp_path):
+def test_balanced_job_replays_union_batch_sgd_follows_speed_and_reports_shares(keras_job):
     """4 ranks: the final model equals a numpy replay of synchronous SGD on the union of the samples every rank
     computed (from the recorded plans); shares move to the newly slow rank within replan_every + window updates;
     a rank that stops hands its share over at the next update; the heterogeneity report (and TensorBoard), placed
     on rank 0 only, records every rank's share over time, and TensorBoard shows the mode by name."""
     import tensorflow as tf
 
-    proc = run_mpi(4, "tests/mpi/balanced_job.py", tmp_path, timeout=300)
-    assert_ok(proc, 4)
+    proc, base = keras_job  # (one job with test_keras_modes.py's scripts: conftest.keras_job)
+    assert_passed(proc, "balanced", 4)
+    tmp_path = base / "balanced"
     for rank in range(4):  # rank 0 wrote every rank's records, taken on that rank
         rows = [json.loads(line) for line in open(tmp_path / "hetsync" / f"rank{rank}.jsonl") if line.strip()]
         assert rows and all(r["rank"] == rank and r["mode"] == "balanced" for r in rows if r["kind"] == "rate")

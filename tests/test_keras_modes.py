@@ -1,36 +1,19 @@
 """Multi-process Keras runs (real mpirun, real TensorFlow and Horovod): the sync modes end to end.
 
-The scripts that neither kill nor hang a rank run one after another in one 4-rank job (tests/mpi/together.py), each
-as it would run alone; ESync's and OD-SGD's scripts end with a hung rank and keep a job of their own."""
+The 4-rank scripts run one after another in one job (conftest's ``keras_job``: tests/mpi/together.py, each script as
+it would run alone; test_balanced.py's job among them); ESync's,
+which ends with a rank hung for 12 s that the others name, runs last.  OD-SGD's runs on 3 ranks with
+Horovod's tensor fusion off, in a job of its own."""
 import json
 import os
 
 import pytest
 
-from conftest import assert_ok, assert_passed, mpi_env, run_mpi, run_together
-
-SLOWED_EXAMPLE = ["--steps", "60", "--slowdown", "deterministic", "--slow-ranks", "3", "--factor", "3",
-                  "--base-time", "0.01"]
-RANDOM_EXAMPLE = ["--steps", "80", "--slowdown", "random", "--factor", "4", "--base-time", "0.01"]
-
+from conftest import assert_ok, assert_passed, mpi_env, run_mpi
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory):
-    """The job's output, and the directory with examples/train.py's logs (one folder per run)."""
-    base = tmp_path_factory.mktemp("keras_modes")
-    runs = [
-        ["wiring", "tests/mpi/keras_modes.py"],
-        ["ripples-static-train", "tests/mpi/keras_ripples_train.py", 0.35],
-        ["example-ripples-static", "examples/train.py", "--sync", "ripples-static", *SLOWED_EXAMPLE,
-         "--log-dir", base / "example-ripples-static"],
-        ["gg-ripples-random", "tests/mpi/keras_gg_train.py", "ripples-random", 0.4],
-        ["gg-ripples-smart", "tests/mpi/keras_gg_train.py", "ripples-smart", 0.4],
-        ["eager-fidelity", "tests/mpi/eager_fidelity.py"],
-        *[[f"example-{m}", "examples/train.py", "--sync", m, *RANDOM_EXAMPLE, "--log-dir", base / f"example-{m}"]
-          for m in ("eager-solo", "eager-majority")],
-        ["hop", "tests/mpi/keras_hop.py", 0.9],
-    ]
-    return run_together(4, runs, timeout=1200), base
+def job(keras_job):
+    return keras_job
 
 
 def test_allreduce_matches_horovod_and_ripples_static_wiring(job):
@@ -104,14 +87,13 @@ def test_hop_hybrid_with_a_slow_rank_trains_in_fit_and_bad_options_raise_everywh
     assert_passed(job[0], "hop", 4)
 
 
-def test_esync_local_steps_lockstep_numpy_aggregation_and_dead_rank():
+def test_esync_local_steps_lockstep_numpy_aggregation_and_dead_rank(job):
     """ESync with rank 3 5x slower: ~5 local iterations per round on the fast ranks, 1 on the slow one, several on
     every fast rank already in round 0 (RUN-BATCH-DATA-TEST's k = 0 reports, nominal capabilities), the same model
     on every rank after every round, eqs. 6-8 against numpy, a loss target one step per round cannot reach; the
     blocking run then checks that a hung rank is named by the others' aggregation within its timeout
     (tests/mpi/keras_esync.py)."""
-    proc = run_mpi(4, "tests/mpi/keras_esync.py", timeout=400)
-    assert_ok(proc, 4)
+    assert_passed(job[0], "esync", 4)
 
 
 def test_od_sgd_warmup_is_horovod_replays_numpy_overlaps_and_names_a_dead_rank():
