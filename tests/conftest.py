@@ -97,7 +97,8 @@ def assert_passed(proc, label, np_):
                     f"{proc.stdout[-5000:]}")
     assert HOROVOD_OWNS_MPI not in proc.stdout, f"a script imports hetsync after hvd.init():\n{proc.stdout[-5000:]}"
     if "\nFAIL " not in proc.stdout and not proc.stdout.startswith("FAIL "):  # (a failed script is its own test's)
-        assert proc.returncode == 0, f"the job exited {proc.returncode} after its scripts passed:\n{proc.stdout[-5000:]}"
+        tail = proc.stdout[-5000:]
+        assert proc.returncode == 0, f"the job exited {proc.returncode} after its scripts passed:\n{tail}"
 
 
 SLOWED_EXAMPLE = ["--steps", "60", "--slowdown", "deterministic", "--slow-ranks", "3", "--factor", "3",

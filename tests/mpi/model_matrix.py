@@ -3,8 +3,8 @@
 Per mode, two short ``fit`` calls with Horovod's broadcast, metric-average and learning-rate schedule callbacks
 (the rate halved from the second epoch on), rank 3 2x slower:
 
-1. Under ``mixed_float16``, a ``Sequential`` built lazily (no Input layer) with Conv2D, BatchNormalization,
-   Dropout; ``LossScaleOptimizer(Adam)``, rebuilt by ``get_config``/``from_config`` (it trains in the same mode);
+1. Under ``mixed_float16``, a subclassed model (built lazily) with Conv2D, BatchNormalization, Dropout;
+   ``LossScaleOptimizer(Adam)``, rebuilt by ``get_config``/``from_config`` (it trains in the same mode);
    ``steps_per_epoch=None`` on finite shards of different lengths (the job's epoch is their sum).  After fit the
    BatchNorm moving statistics are the same on every rank (the end-of-fit consensus averages every float variable,
    trainable or not) and moved away from their initial values.
@@ -101,20 +101,34 @@ def repeated(x, y):
     return without_autotune(tf.data.Dataset.from_tensor_slices((x, y)).repeat().shuffle(256, seed=rank).batch(16))
 
 
-def lazy_batchnorm_mixed_on_finite_shards(mode, x, y):
-    """1. Under ``mixed_float16``: a Sequential built lazily (no Input layer) with Conv2D, BatchNormalization and
-    Dropout, ``LossScaleOptimizer(Adam)`` rebuilt by ``get_config``/``from_config`` (it trains in the same mode),
+class Net(tf.keras.Model):
+    """A subclassed model (built lazily, at its first call) with Conv2D, BatchNormalization and Dropout."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = tf.keras.layers.Conv2D(8, 3)
+        # (momentum 0.5: the moving statistics the probe's inference uses settle within the fit's steps)
+        self.bn = tf.keras.layers.BatchNormalization(momentum=0.5)
+        self.flat = tf.keras.layers.Flatten()
+        self.drop = tf.keras.layers.Dropout(0.2)
+        self.out = tf.keras.layers.Dense(10, dtype="float32")  # logits in float32, as the mixed-precision guide says
+
+    def call(self, x, training=False):
+        h = tf.nn.relu(self.bn(self.conv(x), training=training))
+        return self.out(self.drop(self.flat(h), training=training))
+
+
+def subclassed_batchnorm_mixed_on_finite_shards(mode, x, y):
+    """1. Under ``mixed_float16``: a subclassed model (built lazily) with Conv2D, BatchNormalization and Dropout,
+    ``LossScaleOptimizer(Adam)`` rebuilt by ``get_config``/``from_config`` (it trains in the same mode),
     ``steps_per_epoch=None`` on finite shards of 10, 12, 14, 16 batches: every rank runs 16 Keras steps per epoch,
     and an "own" mode's epoch is the sum of the shards (train steps shared by speed).  After fit the BatchNorm
     moving statistics are the same on every rank (the end-of-fit consensus averages every float variable,
-    trainable or not) and moved away from their initial values."""
+    trainable or not) and moved away from their initial values.  (A lazily built Sequential trains in every mode in
+    tests/test_dropin.py's job: Horovod's example model.)"""
     tf.keras.mixed_precision.set_global_policy("mixed_float16")
     try:
-        # (momentum 0.5: the moving statistics the probe's inference uses settle within the fit's steps; logits in
-        # float32, as the mixed-precision guide says)
-        model = tf.keras.Sequential([tf.keras.layers.Conv2D(8, 3), tf.keras.layers.BatchNormalization(momentum=0.5),
-                                     tf.keras.layers.ReLU(), tf.keras.layers.Flatten(), tf.keras.layers.Dropout(0.2),
-                                     tf.keras.layers.Dense(10, dtype="float32")])
+        model = Net()
         opt = hetsync_opt(tf.keras.mixed_precision.LossScaleOptimizer(tf.keras.optimizers.Adam(0.01)), mode)
         config = opt.get_config()
         again = type(opt).from_config(config)
@@ -126,7 +140,7 @@ def lazy_batchnorm_mixed_on_finite_shards(mode, x, y):
         fit(model, again, ds, (x[:256], y[:256]), mode, steps_per_epoch=None, what="mixed-batchnorm")
         assert hetsync.training.position() - before == EPOCHS * 16, (mode, hetsync.training.position() - before)
         same_everywhere((mode, "mixed-batchnorm"), model.get_weights())
-        assert np.abs(model.layers[1].moving_mean.numpy()).max() > 0, (mode, "moving statistics never updated")
+        assert np.abs(model.bn.moving_mean.numpy()).max() > 0, (mode, "moving statistics never updated")
         trained = hvd_tf.allgather_object(int(model.optimizer.iterations.numpy()), name=f"matrix.it.{next(_TAGS)}")
         if again._hetsync_algorithm.STEPPING == "own":
             # (iterations: Horovod's first-batch broadcast copies rank 0's count to every rank, a few off at most)
@@ -163,11 +177,11 @@ def main():
     x, y = digits()
     modes = sys.argv[1].split(",") if len(sys.argv) > 1 else algorithms.available_modes()
     for mode in modes:
-        lazy_batchnorm_mixed_on_finite_shards(mode, x, y)
+        subclassed_batchnorm_mixed_on_finite_shards(mode, x, y)
         embedding_legacy_local_var(mode)
         if hvd.rank() == 0:
-            print(f"{mode}: lazy batchnorm + mixed precision + from_config on finite shards, embedding + legacy + "
-                  "local var ok", flush=True)
+            print(f"{mode}: subclassed batchnorm + mixed precision + from_config on finite shards, embedding + "
+                  "legacy + local var ok", flush=True)
     print(f"rank {hvd.rank()}: probe losses after fit: highest {max(loss for _, _, loss in LOSSES):.3f}", flush=True)
     assert hetsync.ops.engine_stats()["failed"] == 0
     hetsync.shutdown()
