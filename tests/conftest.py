@@ -1,4 +1,5 @@
 """Shared helpers: launch real multi-process jobs (mpirun / horovodrun) with the project's virtualenv Python."""
+import json
 import os
 import subprocess
 import sys
@@ -80,10 +81,15 @@ def connected(n, groups, nodes=None):
 def run_together(np_, runs, timeout=900, env=None):
     """Several test scripts in one job (tests/mpi/together.py): ``runs`` is a list of [label, script, arg, ...];
     each script's main() runs in turn on every rank, sharing one start-up of the ranks."""
-    import json
-
     return run_mpi(np_, "tests/mpi/together.py", json.dumps([[str(a) for a in r] for r in runs]), timeout=timeout,
                    env=env)
+
+
+def first_error(text):
+    """The first traceback of a failed job, with what led to it (the tail shows only the other ranks' shutdown
+    errors)."""
+    at = text.find("Traceback")
+    return text[max(0, at - 1500):at + 5000] if at >= 0 else ""
 
 
 def assert_passed(proc, label, np_):
@@ -91,9 +97,8 @@ def assert_passed(proc, label, np_):
     traceback (a failing script ends the job, so the scripts after it did not run either)."""
     missing = [r for r in range(np_) if f"PASSED {label} rank={r}" not in proc.stdout]
     if missing:
-        at = proc.stdout.find("Traceback")
-        first = proc.stdout[max(0, at - 1500):at + 5000] if at >= 0 else ""
-        pytest.fail(f"{label} did not pass on ranks {missing} (job exit {proc.returncode}):\n{first}\n...\n"
+        pytest.fail(f"{label} did not pass on ranks {missing} (job exit {proc.returncode}):\n"
+                    f"{first_error(proc.stdout)}\n...\n"
                     f"{proc.stdout[-5000:]}")
     assert HOROVOD_OWNS_MPI not in proc.stdout, f"a script imports hetsync after hvd.init():\n{proc.stdout[-5000:]}"
     if "\nFAIL " not in proc.stdout and not proc.stdout.startswith("FAIL "):  # (a failed script is its own test's)

@@ -22,7 +22,7 @@ import json
 
 import pytest
 
-from conftest import assert_ok, mpi_env, run_mpi
+from conftest import assert_ok, first_error, mpi_env, run_mpi
 from stress_exits import SIGNALS
 
 from hetsync import algorithms
@@ -36,12 +36,6 @@ DECOUPLED = ("ripples-smart", "eager-solo", "esync")
 
 def summaries(path):
     return [json.load(open(path / f"summary{r}.json")) for r in range(4)]
-
-
-def first_error(text):
-    """The first traceback of a failed job (the tail shows only the other ranks' shutdown errors)."""
-    at = text.find("Traceback")
-    return text[max(0, at - 500):at + 4000] if at >= 0 else ""
 
 
 def check_clean(proc, out):
