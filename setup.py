@@ -1,47 +1,57 @@
-"""hetsync packaging.
+"""hetsync's compiled part; the package's metadata is pyproject.toml's ``[project]``.
 
-The compiled part (tf_ops/, C++ TensorFlow custom ops + the MPI engine) is built by ``make -C tf_ops`` against the
-TensorFlow of the Python that runs this build, because a custom op must match that TensorFlow's ABI exactly.
-The gRPC code of the coordinator services is generated from protos/ at the same time.  Build with
-``pip install --no-build-isolation -e .`` (scripts/install.sh does), so that the installed TensorFlow is used: pip
-builds through pyproject.toml's PEP 517 backend (setuptools.build_meta), which runs this file.  The version is
-hetsync/_version.py's.
+The C++ TensorFlow ops and the MPI engine (tf_ops/) are built by ``make -C tf_ops`` against the TensorFlow of the
+Python that runs this build, because a custom op must match that TensorFlow's ABI exactly; the gRPC code of the
+coordinator services is generated from protos/ at the same time.  pip must therefore build without isolation
+(``pip install --no-build-isolation ...``), in the environment that will run hetsync.
 """
 import os
-import re
 import shutil
 import subprocess
 import sys
 
-from setuptools import Extension, find_packages, setup
+from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LIB_REL = os.path.join("hetsync", "_lib", "hetsync_ops.so")
+TENSORFLOW_RANGE = ((2, 12), (2, 16))  # the versions hetsync is built for: >= 2.12, < 2.16 (Keras 2)
 
 
-def _version():
-    """hetsync/_version.py's __version__, read as text: importing hetsync would start its imports (and MPI)."""
-    with open(os.path.join(HERE, "hetsync", "_version.py"), encoding="utf-8") as f:
-        match = re.search(r'^__version__ = "([^"]+)"', f.read(), re.M)
-    if match is None:
-        raise RuntimeError("no __version__ in hetsync/_version.py")
-    return match.group(1)
-
-
-def _readme():
-    with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
-        return f.read()
+def _build_problem():
+    """What this environment lacks for the build, as a sentence naming the fix (None when nothing)."""
+    probe = ("import sys, tensorflow as tf; v = tuple(int(p) for p in tf.__version__.split('.')[:2]); "
+             f"sys.exit(0 if {TENSORFLOW_RANGE[0]!r} <= v < {TENSORFLOW_RANGE[1]!r} else 3)")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    rc = subprocess.call([sys.executable, "-c", probe], env=env, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    if rc == 3:
+        return (f"hetsync's ops build for TensorFlow >= 2.12, < 2.16; {sys.executable} has another version")
+    if rc != 0:
+        return (f"TensorFlow is not importable by {sys.executable}: hetsync's C++ ops compile against the "
+                "TensorFlow of the environment it is installed into.  Install with "
+                "`pip install --no-build-isolation ...` in an environment that has TensorFlow and Horovod")
+    try:
+        import grpc_tools  # noqa: F401
+    except ImportError:
+        return ("grpcio-tools is missing (it generates the coordinator's gRPC code at build time): "
+                "`pip install setuptools wheel grpcio-tools`, then install hetsync with --no-build-isolation")
+    if shutil.which("mpicxx") is None:
+        return "mpicxx is missing: install an MPI development package (Debian: libopenmpi-dev)"
+    return None
 
 
 class BuildTfOps(build_ext):
     """Runs tf_ops/Makefile and the protobuf generator instead of setuptools' own compiler driver."""
 
     def run(self):
-        jobs = f"-j{os.cpu_count() or 1}"  # one compiler per core: the ops are ~20 files (tf_ops/Makefile is -j safe)
+        problem = _build_problem()
+        if problem:
+            raise SystemExit(f"hetsync build: {problem}")
+        jobs = f"-j{os.cpu_count() or 1}"  # one compiler per core: tf_ops/Makefile is -j safe
         subprocess.check_call(["make", jobs, "-C", os.path.join(HERE, "tf_ops"), f"PYTHON={sys.executable}"])
-        sys.path.insert(0, HERE)
-        from hetsync.coordinator import _proto
+        sys.path.insert(0, os.path.join(HERE, "hetsync", "coordinator"))
+        import _proto  # hetsync/coordinator/_proto.py imports nothing from hetsync
 
         _proto.ensure_generated()
         if not self.inplace:
@@ -55,22 +65,6 @@ class BuildTfOps(build_ext):
 
 
 setup(
-    name="hetsync",
-    version=_version(),
-    description="Heterogeneity-aware synchronization for Horovod + Keras (Ripples, Hop, eager-SGD, ESync, OD-SGD)",
-    long_description=_readme(),
-    long_description_content_type="text/markdown",
-    license="Apache-2.0",
-    classifiers=[
-        "License :: OSI Approved :: Apache Software License",
-        "Programming Language :: Python :: 3",
-        "Topic :: Scientific/Engineering :: Artificial Intelligence",
-    ],
-    packages=find_packages(include=["hetsync", "hetsync.*", "keras_callbacks", "keras_callbacks.*"]),
-    package_data={"hetsync": ["_lib/*.so", "coordinator/*.py"]},
     ext_modules=[Extension("hetsync._lib.hetsync_ops", sources=[])],
     cmdclass={"build_ext": BuildTfOps},
-    entry_points={"console_scripts": ["hetsync=hetsync.cli:main"]},
-    python_requires=">=3.10",
-    install_requires=["tensorflow-cpu==2.15.1", "horovod==0.28.1", "numpy<2", "grpcio==1.62.3"],
 )

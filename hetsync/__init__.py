@@ -8,15 +8,12 @@ A Horovod Keras script changes one line::
 and trains with a method that does not wait for its slowest worker at every step.  ``sync="allreduce"`` is plain
 Horovod, the baseline every other mode is measured against.  See README.md for the modes and their options.
 """
-from hetsync import _mpi_early
+import importlib
 
-_mpi_early.init_before_horovod()  # noqa: E402 (before anything can call hvd.init(): see _mpi_early.py)
+from hetsync._version import __version__
 
-import importlib  # noqa: E402
-
-from hetsync._version import __version__  # noqa: E402
-
-# The public names are imported on first use (PEP 562), so that `import hetsync` stays light: `python -m hetsync
+# Nothing happens at import: no MPI call, no TensorFlow, no environment change (tests/test_conventions.py).  The
+# public names are imported on first use (PEP 562), so that `import hetsync` stays light: `python -m hetsync
 # --version` and the `hetsync` command load no TensorFlow.  `hetsync.init`, `from hetsync import
 # DistributedOptimizer` and `hetsync.algorithms` (any submodule) work as if imported here.  A new public name goes
 # into this table (name -> module), not into an import at the top of this file.

@@ -9,9 +9,13 @@ import atexit
 from hetsync import env
 from hetsync.algorithms.options import Option, check_all
 
-_STATE = {"initialized": False, "timeout": None, "services": None, "failed": False}
+_STATE = {"initialized": False, "timeout": None, "services": None}
 
 DEFAULT_TIMEOUT_S = env.VARS["HETSYNC_TIMEOUT"].default  # 120 s
+# How long a failing process gives its peers' engines to hear that they must stop calling MPI before its exit
+# shuts Horovod down (and every rank's Horovod finalizes MPI): a peer hears it within a progress-loop tick (<= 1 ms
+# when idle; longer on an oversubscribed machine).
+ABORT_WAIT_S = 0.5
 # Each default is its environment variable's (hetsync/env.py), used when the argument is None.
 INIT_OPTIONS = {
     "timeout": Option(DEFAULT_TIMEOUT_S, "number", minimum=0, above=True,
@@ -79,7 +83,6 @@ def init(timeout=None, comm_cache_size=None, away_after=None):
     from hetsync import _logging
 
     _logging.configure(hvd.rank())  # the "hetsync" logger's defaults, unless the application set it up
-    _warn_if_horovod_owns_mpi(hvd.rank())
     from hetsync import ops
     ops.set_away_after(away_after)
     ops.engine_start(timeout=timeout, cache_size=comm_cache_size)
@@ -95,42 +98,7 @@ def init(timeout=None, comm_cache_size=None, away_after=None):
     from hetsync import training
 
     training.install()
-    _watch_for_failure()
     _at_exit(shutdown)
-
-
-def _warn_if_horovod_owns_mpi(rank):
-    """``hvd.init()`` before ``import hetsync`` leaves MPI's finalization to Horovod's thread, which runs it as soon as
-    any rank exits: a rank whose engine is still inside an MPI call then crashes at exit (signal 11, rarely; seen
-    in the engine tests' harness).  Said once, on rank 0."""
-    from hetsync import _mpi_early
-
-    if rank == 0 and _mpi_early.horovod_owns_mpi():
-        import logging
-
-        logging.getLogger("hetsync").warning(
-            "hvd.init() ran before `import hetsync`: Horovod started MPI and finalizes it on its own thread as soon as "
-            "any rank exits, which can crash a rank's hetsync engine at exit; put `import hetsync` before hvd.init() "
-            "(docs/engine.md, 'Who finalizes MPI'; HETSYNC_EARLY_MPI=0 silences this)")
-
-
-def _watch_for_failure():
-    """An uncaught exception marks the process failed (after its traceback is printed, by the previous hook), so
-    the exit's :func:`shutdown` waits for no peer: they will not come, and the launcher ends the job when this
-    process exits non-zero.  Without it the exit would sit in the Group Generator's wait and the engine's
-    barriers, up to the timeout each."""
-    import sys
-
-    if getattr(sys.excepthook, "_hetsync", False):
-        return
-    previous = sys.excepthook
-
-    def hook(kind, value, traceback):
-        _STATE["failed"] = True
-        previous(kind, value, traceback)
-
-    hook._hetsync = True
-    sys.excepthook = hook
 
 
 def _at_exit(fn):
@@ -155,21 +123,50 @@ def shutdown():
     exception nothing waits for a peer.  Runs at exit by itself; safe to call twice."""
     if not _STATE["initialized"]:
         return
-    failed = _STATE["failed"]
+    failing = failed()
     services = _STATE.get("services")
     _STATE.update(initialized=False, services=None)
     from hetsync import ops
 
     try:
         if services is not None:
-            services.stop(failed=failed)
+            services.stop(failed=failing)
     finally:
-        ops.engine_shutdown(drain=not failed)
+        if failing:
+            ops.engine_abort(wait_s=ABORT_WAIT_S)
+        else:
+            ops.engine_shutdown(drain=True)
+    if not failing:
+        _exit_handshake()
+
+
+def _exit_handshake():
+    """One Horovod allreduce after the engine's drain, on every rank: no rank's Horovod shuts down before every
+    rank's engine has made its last MPI call.
+
+    Why: Horovod finalizes MPI (it started it, at ``hvd.init()``) on its background thread as soon as any rank's
+    Horovod shuts down, and a rank's engine still inside an MPI call then crashes.  hetsync's exit hook runs before
+    Horovod's (registered later, run first), so this allreduce is every rank's last Horovod call before its
+    Horovod's shutdown; a rank that never comes (it failed: its launcher ends the job) ends the wait with Horovod's
+    own shutdown error, which is ignored here."""
+    import tensorflow as tf
+
+    hvd = _hvd()
+    try:
+        hvd.allreduce(tf.constant(0, tf.int32), op=hvd.Sum, name="hetsync.exit_handshake")
+    except Exception as exc:  # noqa: BLE001 -- Horovod already shut down elsewhere: nothing left to order
+        import logging
+
+        logging.getLogger("hetsync").debug("exit handshake skipped: %s", exc)
 
 
 def failed():
-    """True once an uncaught exception is ending this process (shutdown then waits for no peer)."""
-    return _STATE["failed"]
+    """True once an uncaught exception is ending this process (shutdown then waits for no peer: they will not come,
+    and the launcher ends the job when this process exits non-zero).  Python sets ``sys.last_value`` before it
+    prints an uncaught exception, which is before the exit hooks run: no ``sys.excepthook`` of ours is needed."""
+    import sys
+
+    return getattr(sys, "last_value", None) is not None
 
 
 def is_initialized():

@@ -5,7 +5,7 @@ docs/options.md's table of environment variables comes from :data:`VARS` (``pyth
 read outside Python (the C++ engine, a shell script) is declared here all the same, naming its reader;
 tests/test_docs.py fails when the source reads a ``HETSYNC_*`` name that is not declared here.
 
-Imports nothing from hetsync: ``hetsync/_mpi_early.py`` reads ``HETSYNC_EARLY_MPI`` before anything else loads.
+Imports nothing from hetsync.
 """
 import os
 
@@ -38,9 +38,6 @@ VARS = {v.name: v for v in (
     Var("HETSYNC_AWAY_AFTER", 0.2, float,
         "seconds a rank may stay between two train steps before its peers go on without it",
         "hetsync.init (hetsync/_runtime.py)", init_arg="away_after"),
-    Var("HETSYNC_EARLY_MPI", "1", str,
-        "'0': hetsync does not start MPI before Horovod at `import hetsync` (Horovod then finalizes MPI itself)",
-        "import hetsync (hetsync/_mpi_early.py)"),
     Var("HETSYNC_LOG_LEVEL", None, str,
         "level of the 'hetsync' logger on every rank (DEBUG, INFO, WARNING, ERROR, CRITICAL or a number; "
         "unset: INFO on rank 0, WARNING elsewhere)",

@@ -34,6 +34,7 @@ _lib = _load_library()
 # stores, cheap enough to call around every train step.
 _clib = ctypes.CDLL(_LIB_PATH)
 _clib.hetsync_set_availability.argtypes = [ctypes.c_int]
+_clib.hetsync_engine_abort.argtypes = [ctypes.c_double]
 _clib.hetsync_get_availability.restype = ctypes.c_int
 _clib.hetsync_set_away_after.argtypes = [ctypes.c_double]
 _clib.hetsync_engine_away.restype = ctypes.c_int
@@ -94,6 +95,12 @@ def engine_start(timeout=120.0, cache_size=None):
         _atexit_registered[0] = True
 
 
+def mpi_settings():
+    """The MPI settings the engine applied at its last start (tf_ops/engine/mpi_settings.h), one line each:
+    ``name=value (hetsync)``, ``name=value (user)`` (the user's OMPI_MCA_name won) or ``name: not applied (why)``."""
+    return [line.decode() for line in _lib.hetsync_mpi_settings().numpy().tolist()]
+
+
 def set_availability(state):
     """Reports where this rank is: IN_STEP (peers wait for it), BETWEEN (left its step: away once it stays out
     longer than away_after), AWAY (OUT of every instance it has not started, at once).  Thread-safe, ~1 us."""
@@ -136,6 +143,12 @@ def engine_shutdown(drain=True):
     """Stops the engine.  ``drain``: collective (drains stray control messages; each of its two barriers gives up
     after the engine timeout); False (this process is failing): no MPI call at all.  Idempotent."""
     _lib.hetsync_engine_shutdown(drain=bool(drain))
+
+
+def engine_abort(wait_s=0.5):
+    """This process is ending with an uncaught exception: stops the engine and tells every peer's engine to stop
+    calling MPI, then gives them ``wait_s`` to hear it (docs/engine.md, "Who finalizes MPI").  Idempotent."""
+    _clib.hetsync_engine_abort(float(wait_s))
 
 
 def withdraw():

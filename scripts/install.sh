@@ -2,11 +2,13 @@
 # Idempotent set-up for hetsync on a fresh Debian 12 machine (what `make demo` and `make test` run first).
 # Each step says what it does and is skipped when its result is already there:
 #   1. Debian Open MPI 4.1.4 (openmpi-bin, libopenmpi-dev) through apt, when mpicxx is missing.
-#   2. A Python 3.11 virtual environment in .venv with the pinned packages of requirements.txt.
+#   2. A Python 3.11 virtual environment in .venv with the pinned packages of requirements/: runtime.txt (TensorFlow
+#      and what hetsync and Horovod need), build.txt (what building hetsync needs), test.txt (the suite's tools).
 #   3. Horovod 0.28.1 built from source against that TensorFlow, with MPI + Gloo, no PyTorch/MXNet.  The built wheel
 #      is kept in $HETSYNC_WHEEL_CACHE (default ~/.cache/hetsync/wheels), keyed by the Horovod, TensorFlow, Python
 #      and Open MPI versions: the next fresh clone on this machine installs it instead of building again (2-4 min).
-#   4. hetsync itself, editable: compiles tf_ops/ into hetsync/_lib/hetsync_ops.so, generates the gRPC code.
+#   4. hetsync itself, editable, the way a user installs it into an existing environment (pip, no build
+#      isolation): compiles tf_ops/ into hetsync/_lib/hetsync_ops.so, generates the gRPC code.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -31,11 +33,12 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 VPY="$VENV/bin/python"
 
-if ! cmp -s requirements.txt "$VENV/.requirements.installed" 2>/dev/null; then
-  say "installing pinned Python packages (requirements.txt)"
-  "$VPY" -m pip install -q --upgrade pip==24.3.1 setuptools==69.5.1 wheel==0.45.1
-  "$VPY" -m pip install -q -r requirements.txt
-  cp requirements.txt "$VENV/.requirements.installed"
+PINS=$(cat requirements/runtime.txt requirements/build.txt requirements/test.txt)
+if [ "$PINS" != "$(cat "$VENV/.requirements.installed" 2>/dev/null)" ]; then
+  say "installing pinned Python packages (requirements/runtime.txt, build.txt, test.txt)"
+  "$VPY" -m pip install -q --upgrade pip==24.3.1
+  "$VPY" -m pip install -q -r requirements/runtime.txt -r requirements/build.txt -r requirements/test.txt
+  echo "$PINS" > "$VENV/.requirements.installed"
 else
   say "pinned Python packages already installed"
 fi
@@ -62,7 +65,7 @@ if ! "$VPY" -c "import horovod, sys; sys.exit(horovod.__version__ != '$HOROVOD_V
     say "installing Horovod $HOROVOD_VERSION from the wheel built earlier on this machine ($WHEELS)"
   fi
   "$VPY" -m pip install -q --no-deps "$WHEELS"/horovod-*.whl
-  "$VPY" -m pip install -q "horovod==$HOROVOD_VERSION"  # its Python dependencies (pinned in requirements.txt)
+  "$VPY" -m pip install -q "horovod==$HOROVOD_VERSION"  # its Python dependencies (pinned in requirements/runtime.txt)
 else
   say "Horovod $HOROVOD_VERSION with MPI already built"
 fi

@@ -47,15 +47,10 @@ def run_mpi(np_, script, *args, timeout=240, env=None, launcher="mpirun"):
         pytest.fail(f"{' '.join(cmd)} did not finish within {timeout}s:\n{out[-6000:]}")
 
 
-HOROVOD_OWNS_MPI = "hvd.init() ran before `import hetsync`"  # hetsync.init()'s warning (hetsync/_runtime.py)
-
-
 def assert_ok(proc, np_):
-    """Every rank printed 'OK rank=R' and the job exited 0; no job of ours calls hvd.init() before importing
-    hetsync (hetsync.init() would warn)."""
+    """Every rank printed 'OK rank=R' and the job exited 0."""
     tail = proc.stdout[-8000:]
     assert proc.returncode == 0, f"job failed ({proc.returncode}):\n{tail}"
-    assert HOROVOD_OWNS_MPI not in proc.stdout, f"a script imports hetsync after hvd.init():\n{tail}"
     for r in range(np_):
         assert f"OK rank={r}" in proc.stdout, f"rank {r} did not report OK:\n{tail}"
 
@@ -100,7 +95,6 @@ def assert_passed(proc, label, np_):
         pytest.fail(f"{label} did not pass on ranks {missing} (job exit {proc.returncode}):\n"
                     f"{first_error(proc.stdout)}\n...\n"
                     f"{proc.stdout[-5000:]}")
-    assert HOROVOD_OWNS_MPI not in proc.stdout, f"a script imports hetsync after hvd.init():\n{proc.stdout[-5000:]}"
     if "\nFAIL " not in proc.stdout and not proc.stdout.startswith("FAIL "):  # (a failed script is its own test's)
         tail = proc.stdout[-5000:]
         assert proc.returncode == 0, f"the job exited {proc.returncode} after its scripts passed:\n{tail}"

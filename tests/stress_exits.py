@@ -19,7 +19,8 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from conftest import mpi_env  # noqa: E402
 
-SIGNALS = ("Segmentation fault", "signal 11", "Process received signal", "core dumped", "Aborted")
+SIGNALS = ("Segmentation fault", "signal 11", "signal 6", "Process received signal", "core dumped", "(Aborted)",
+           "called after MPI_FINALIZE")
 
 
 def run_job(mode, np_, timeout=180):

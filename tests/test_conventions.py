@@ -6,6 +6,7 @@ import ast
 import io
 import logging
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -49,16 +50,25 @@ def test_import_and_cli_load_no_tensorflow():
     assert out.stdout.split() == ["False", "True", "True"]
 
 
-def test_pep517_build_files():
+def test_pep621_metadata_fits_an_existing_environment():
+    """pyproject.toml's [project]: compatible ranges, never a pin, and no TensorFlow distribution among the
+    dependencies (pip would put a second TensorFlow beside the user's: tensorflow, tensorflow-cpu and vendors' builds
+    are different distributions); the build requirements include grpcio-tools; extras [report] and [test]."""
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
-        build = tomllib.load(f)["build-system"]
+        meta = tomllib.load(f)
+    build, project = meta["build-system"], meta["project"]
     assert build["build-backend"] == "setuptools.build_meta"
-    assert any(r.startswith("setuptools") for r in build["requires"]) and "wheel" in build["requires"]
+    assert {re.split(r"[<>=!~ ]", r)[0] for r in build["requires"]} >= {"setuptools", "wheel", "grpcio-tools"}
+    names = {re.split(r"[<>=!~ \[]", r)[0]: r for r in project["dependencies"]}
+    assert not [n for n in names if n.startswith("tensorflow")], names
+    assert {"horovod", "grpcio", "numpy"} <= set(names)
+    assert not [r for r in project["dependencies"] if "==" in r], project["dependencies"]
+    extras = project["optional-dependencies"]
+    assert {"report", "test"} <= set(extras) and any(r.startswith("matplotlib") for r in extras["report"])
+    assert project["license"] == {"text": "Apache-2.0"} and project["dynamic"] == ["version"]
     license_text = open(os.path.join(ROOT, "LICENSE"), encoding="utf-8").read()
     assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text
     assert "Copyright 2026 The hetsync authors" in license_text
-    setup_py = open(os.path.join(ROOT, "setup.py"), encoding="utf-8").read()
-    assert 'license="Apache-2.0"' in setup_py and "long_description=" in setup_py
 
 
 def test_api_doc_lists_exactly_the_commands_the_parser_has():
@@ -187,11 +197,14 @@ def test_library_logs_instead_of_printing():
     assert not found, f"print() in library code (use logging.getLogger('hetsync...')): {found}"
 
 
-def test_mpi_started_by_hetsync_uses_the_ring_iallreduce_unless_the_user_chose():
-    """hetsync/_mpi_early.py: Open MPI's libnbc ring for the engine's MPI_Iallreduce (measured +73% vs +18% for
-    OD-SGD across hosts, docs/cluster.md); a value the user set (mpirun -x, --mca, the environment) is kept."""
-    from hetsync import _mpi_early
-
-    name = "OMPI_MCA_coll_libnbc_iallreduce_algorithm"
-    assert _mpi_early.apply_defaults({})[name] == "1"
-    assert _mpi_early.apply_defaults({name: "2"})[name] == "2"
+def test_import_touches_nothing_even_under_an_mpi_launcher():
+    """`import hetsync` (and its public names' table) loads no MPI library, no TensorFlow and no Horovod, and changes
+    no environment variable -- also in a process an MPI launcher started (its variables set).  What hetsync needs
+    from MPI is applied at hetsync.init() (tests/mpi/init_order.py checks that part under mpirun)."""
+    code = ("import os, sys; before = dict(os.environ); import hetsync; dir(hetsync); "
+            "maps = open('/proc/self/maps').read(); "
+            "print('libmpi' in maps, 'tensorflow' in sys.modules, 'horovod' in sys.modules, dict(os.environ) == before)")
+    env = dict(_env(), OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_RANK="0", OMPI_COMM_WORLD_LOCAL_RANK="0")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False", "False", "True"], out.stdout

@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from conftest import HOROVOD_OWNS_MPI, assert_ok, mpi_env, run_mpi
+from conftest import assert_ok, mpi_env, run_mpi
 from stress_exits import SIGNALS
 
 
@@ -43,11 +43,9 @@ def test_shutdown_stops_every_thread_and_server_it_started():
     assert proc.returncode == 0 and "OK rank=0" in proc.stdout, proc.stdout[-3000:]
 
 
-def test_hvd_init_before_import_hetsync_is_named_with_its_fix():
-    """hvd.init() before `import hetsync` leaves MPI's finalization to Horovod's thread (a rank's engine can then die
-    at exit): hetsync.init() warns once, on rank 0, naming the order to use; every other job of the suite imports
-    hetsync first and must not see it (conftest.assert_ok)."""
+def test_import_touches_nothing_and_either_order_works():
+    """`import hetsync` initializes no MPI and changes no environment variable; hvd.init() before or after it both
+    work without a warning; the engine's MPI setting is applied at hetsync.init() (read back through MPI_T), a user's
+    own OMPI_MCA_ setting wins; the job exits 0 with the engine busy up to the end (tests/mpi/init_order.py)."""
     proc = run_mpi(2, "tests/mpi/init_order.py", timeout=120)
-    assert proc.returncode == 0 and "OK rank=0" in proc.stdout and "OK rank=1" in proc.stdout, proc.stdout[-3000:]
-    assert proc.stdout.count(HOROVOD_OWNS_MPI) == 1, proc.stdout[-3000:]
-    assert "put `import hetsync` before hvd.init()" in proc.stdout, proc.stdout[-3000:]
+    assert_ok(proc, 2)

@@ -124,6 +124,10 @@ void ControlPlane::Deliver(EngineContext& ctx, const WireHeader& h) {
     ctx.Fail("corrupt control message from rank " + std::to_string(h.sender) + " (bad magic)");
     return;
   }
+  if (h.kind == kKindFailing) {  // any session: the sender is ending, Horovod will finalize MPI on every rank
+    ctx.failing_peer = h.sender;  // the progress loop makes no MPI call after this poll (Engine::Loop)
+    return;
+  }
   if (h.session < ctx.session) return;  // left over from an older session
   if (h.session > ctx.session) {        // a peer rejoined before us: keep it for our NewSession
     future_.push_back(h);

@@ -37,7 +37,7 @@ constexpr int kSignatureChars = 512;          // human-readable shape signature 
 // Fixed-size control message. Sent as MPI_BYTE: hetsync assumes a homogeneous cluster (same endianness/ABI).
 struct WireHeader {
   uint32_t magic;
-  uint32_t kind;  // kKindPReduce, kKindDone or kKindExclude
+  uint32_t kind;  // kKindPReduce, kKindDone, kKindExclude or kKindFailing
   uint64_t session;
   uint64_t stream;  // instance key, with seq
   int64_t seq;
@@ -54,6 +54,7 @@ struct WireHeader {
 constexpr uint32_t kKindPReduce = 1;  // "I am IN this instance; here is what I contribute"
 constexpr uint32_t kKindDone = 2;     // "I withdrew: OUT of every instance I have not started, this session"
 constexpr uint32_t kKindExclude = 3;  // "I am OUT of this instance"
+constexpr uint32_t kKindFailing = 4;  // "I am ending with an uncaught exception: stop calling MPI" (Engine::Abort)
 
 struct InstanceKey {
   uint64_t stream = 0;

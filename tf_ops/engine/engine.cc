@@ -1,10 +1,14 @@
 #include "engine/engine.h"
 
 #include <cstdlib>
+#include <cstring>
 
 #include "engine/mpi_backend.h"
+#include "engine/mpi_settings.h"
 
 namespace hetsync {
+
+std::string HaltedMessage(int rank);  // why ops fail after a peer's kKindFailing (defined with Engine::Abort)
 
 const char* const kStatNames[kNumStats] = {
     "preduces", "bytes",     "cache_hits",  "cache_misses",  "cache_size",     "uncached_creations", "withdrawals_seen",
@@ -103,6 +107,7 @@ Status Engine::Start(double timeout_seconds, int cache_size) {
                          "hetsync needs MPI initialised with MPI_THREAD_MULTIPLE (provided: " + have +
                              "); launch with horovodrun/mpirun and call hvd.init() first");
   }
+  ApplyMpiSettings();  // MPI is Horovod's by now: the engine's settings go in through MPI_T (mpi_settings.h)
   if (cache_size < 0) {
     const char* env = std::getenv("HETSYNC_COMM_CACHE_SIZE");
     cache_size = env ? std::atoi(env) : kDefaultCacheSize;
@@ -165,6 +170,7 @@ Status Engine::Enqueue(std::shared_ptr<Operation> op) {
     if (mpi_gone_) {
       return Status::Error(Code::kAborted, "MPI was finalized: Horovod shut down (an exception on a rank?)");
     }
+    if (halted_by_ >= 0) return Status::Error(Code::kAborted, HaltedMessage(halted_by_));
     if (!running_ || stop_) {
       return Status::Error(Code::kFailedPrecondition,
                            "the hetsync engine is not running: call hetsync.init() (after hvd.init()) first");
@@ -208,6 +214,12 @@ void Engine::Loop() {
     ctx_.progressed_ = false;
     ctx_.busy_ = false;
     if (ctx_.control.Poll(ctx_)) ctx_.MarkProgress();
+    if (ctx_.failing_peer >= 0) {  // a peer is ending: no MPI call from here on (Engine::Abort)
+      std::lock_guard<std::mutex> lock(mu_);
+      halted_by_ = ctx_.failing_peer;
+      for (auto& op : incoming) serial_waiting.push_back(std::move(op));
+      break;
+    }
     if (ctx_.partial.Poll(ctx_)) ctx_.MarkProgress();  // rounds run here whether or not this rank called
     if (ctx_.hop.Poll(ctx_)) ctx_.MarkProgress();      // Hop updates and tokens arrive while the worker computes
     for (auto& op : incoming) {
@@ -265,8 +277,9 @@ void Engine::Loop() {
     aborted = Status::Error(Code::kAborted, "MPI was finalized while this operation was pending: Horovod shut "
                                             "down (an exception on a rank?)");
   }
+  if (halted_by_ >= 0) aborted = Status::Error(Code::kAborted, HaltedMessage(halted_by_));
   for (auto& op : active) {
-    if (!mpi_gone_) ctx_.Abandon(op);  // cancels MPI requests: not after MPI_Finalize
+    if (!mpi_gone_ && halted_by_ < 0) ctx_.Abandon(op);  // cancels MPI requests: not after MPI_Finalize
     op->Finish(aborted);
     op->Complete();
   }
@@ -329,7 +342,7 @@ Status Engine::Shutdown(bool drain) {
   {
     int fin_now = 0;
     MPI_Finalized(&fin_now);
-    if (!fin_now) {
+    if (!fin_now && halted_by_ < 0) {
       ctx_.control.Stop(ctx_);
       ctx_.partial.Stop(ctx_);
       ctx_.hop.Stop(ctx_);
@@ -338,8 +351,8 @@ Status Engine::Shutdown(bool drain) {
   last_backend_stats_ = backend_->Stats();
   int fin = 0;
   MPI_Finalized(&fin);
-  if (fin) {
-    // Too late for any MPI call; leak everything.
+  if (fin || halted_by_ >= 0) {
+    // Too late for any MPI call (or a failing peer asked for none); leak everything.
     backend_.release();  // NOLINT: intentionally leaked
     return Status::OK();
   }
@@ -353,6 +366,51 @@ Status Engine::Shutdown(bool drain) {
   }
   ctx_.backend = nullptr;
   return Status::OK();
+}
+
+Status Engine::Abort(double wait_seconds) {
+  std::lock_guard<std::mutex> start_lock(start_mu_);
+  if (!running_) return Status::OK();
+  if (std::this_thread::get_id() == thread_.get_id()) {
+    return Status::Error(Code::kFailedPrecondition, "engine abort cannot run on the engine's own thread");
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+  running_ = false;
+  int fin = 0;
+  MPI_Finalized(&fin);
+  if (!fin && halted_by_ < 0) TellPeersAndWait(wait_seconds);
+  backend_.release();  // NOLINT: intentionally leaked (no collective call from a failing process)
+  ctx_.backend = nullptr;
+  return Status::OK();
+}
+
+void Engine::TellPeersAndWait(double wait_seconds) {
+  // Sends only, then a sleep with no MPI call: once any peer exits, this process's own Horovod may finalize MPI at
+  // any moment, so waiting for answers inside MPI_Test would be the very crash this avoids.  The notice is one
+  // small message per peer (sent eagerly); a peer's progress thread takes it within a loop tick (<= 1 ms when
+  // idle).  The buffer and requests are leaked on purpose: the process is ending.
+  auto* msg = new WireHeader();
+  std::memset(msg, 0, sizeof(WireHeader));
+  msg->magic = kHeaderMagic;
+  msg->kind = kKindFailing;
+  msg->session = ctx_.session;
+  msg->sender = ctx_.rank;
+  for (int r = 0; r < ctx_.size; ++r) {
+    if (r == ctx_.rank) continue;
+    MPI_Request req;
+    MPI_Isend(msg, sizeof(WireHeader), MPI_BYTE, r, kHeaderTag, ctx_.comm, &req);
+  }
+  std::this_thread::sleep_for(std::chrono::duration<double>(wait_seconds));
+}
+
+std::string HaltedMessage(int rank) {
+  return "rank " + std::to_string(rank) + " is ending with an uncaught exception (its traceback names it): this "
+         "rank's hetsync engine stopped so that Horovod can shut down";
 }
 
 EngineStats Engine::Stats() const {
@@ -389,6 +447,9 @@ EngineStats Engine::Stats() const {
 // C entry points for the Python control plane (hetsync/ops.py loads this library with ctypes as well): reporting
 // where the Python thread is must cost nothing, so it is two atomic stores, no TF op and no queue.
 extern "C" {
+// From Python (ctypes) when this process is ending with an uncaught exception (hetsync/_runtime.py).
+void hetsync_engine_abort(double wait_seconds) { hetsync::Engine::Get().Abort(wait_seconds); }
+
 void hetsync_set_availability(int state) {
   hetsync::GlobalAvailability().Set(static_cast<hetsync::Availability>(state));
 }

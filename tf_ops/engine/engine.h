@@ -86,6 +86,7 @@ class EngineContext {
   HopQueues hop;               // Hop's update and token queues (hop.h)
   std::map<uint64_t, int64_t> implicit_seq;  // per-group call counters: implicit instance keys
   int64_t async_allreduce_seq = 0;           // AsyncAllreduceOp calls started on this rank (allreduce_op.h)
+  int failing_peer = -1;  // a peer announced it is ending with an uncaught exception (kKindFailing)
 
   // ---- failure: after a timeout, stale control messages may be in flight, so every later op fails fast ----
   bool failed() const { return !failure_.empty(); }
@@ -175,6 +176,11 @@ class Engine {
   // Collective (best effort: each of its two barriers gives up after 10 s). With drain=false only the local
   // thread is stopped (used at process exit, where a peer may already be gone). Idempotent.
   Status Shutdown(bool drain = true);
+  // This process is ending with an uncaught exception: stops the progress thread, tells every peer's engine to
+  // stop calling MPI (kKindFailing) and gives them `wait_seconds` to hear it.  Why: this process's exit
+  // shuts its Horovod down, and then every rank's Horovod finalizes MPI on its own thread (Horovod started MPI);
+  // a peer's engine still inside an MPI call at that moment would crash.  Idempotent.
+  Status Abort(double wait_seconds);
   // Hands `op` to the progress thread; its callback runs later on that thread. Fails (without running the
   // callback) if the engine is not running.
   Status Enqueue(std::shared_ptr<Operation> op);
@@ -192,6 +198,7 @@ class Engine {
   Engine() = default;
   void Loop();
   void Drain();
+  void TellPeersAndWait(double wait_seconds);  // Abort's kKindFailing notices
 
   mutable std::mutex start_mu_;  // serialises Start/Shutdown/Stats
   std::atomic<bool> running_{false};
@@ -200,6 +207,7 @@ class Engine {
   std::condition_variable cv_;
   bool stop_ = false;
   bool mpi_gone_ = false;  // MPI was finalized under the progress thread (Horovod shut down after an error)
+  int halted_by_ = -1;     // the peer whose kKindFailing stopped the progress thread (no MPI call since)
   std::deque<std::shared_ptr<Operation>> queue_;  // guarded by mu_
   EngineContext ctx_;
   EngineCounters counters_;

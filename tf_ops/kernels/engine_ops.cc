@@ -1,8 +1,11 @@
 // Small TF ops that control the engine. All are stateful: they have side effects (or process-dependent results)
 // and must never be constant-folded, deduplicated or reordered by grappler.
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "engine/engine.h"
+#include "engine/mpi_settings.h"
 #include "engine/preduce.h"
 #include "kernels/convert.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
@@ -62,6 +65,15 @@ REGISTER_OP("HetsyncEngineInfo")
       for (int i = 0; i < 3; ++i) c->set_output(i, c->Scalar());
       return tensorflow::OkStatus();
     });
+
+REGISTER_OP("HetsyncMpiSettings")
+    .Output("lines: string")
+    .SetIsStateful()
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      c->set_output(0, c->Vector(shape_inference::InferenceContext::kUnknownDim));
+      return tensorflow::OkStatus();
+    })
+    .Doc("The MPI settings the last engine start applied, one line each (engine/mpi_settings.h).");
 
 class EngineStartKernel : public OpKernel {
  public:
@@ -149,6 +161,17 @@ class EngineInfoKernel : public OpKernel {
   }
 };
 
+class MpiSettingsKernel : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    const std::vector<std::string> lines = AppliedMpiSettings();
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({static_cast<int64_t>(lines.size())}), &out));
+    for (size_t i = 0; i < lines.size(); ++i) out->vec<tensorflow::tstring>()(i) = lines[i];
+  }
+};
+
 using tensorflow::DEVICE_CPU;
 REGISTER_KERNEL_BUILDER(Name("HetsyncEngineStart").Device(DEVICE_CPU), EngineStartKernel);
 REGISTER_KERNEL_BUILDER(Name("HetsyncEngineShutdown").Device(DEVICE_CPU), EngineShutdownKernel);
@@ -157,6 +180,7 @@ REGISTER_KERNEL_BUILDER(Name("HetsyncRejoin").Device(DEVICE_CPU), SerialControlK
 REGISTER_KERNEL_BUILDER(Name("HetsyncExclude").Device(DEVICE_CPU), ExcludeKernel);
 REGISTER_KERNEL_BUILDER(Name("HetsyncEngineStats").Device(DEVICE_CPU), EngineStatsKernel);
 REGISTER_KERNEL_BUILDER(Name("HetsyncEngineInfo").Device(DEVICE_CPU), EngineInfoKernel);
+REGISTER_KERNEL_BUILDER(Name("HetsyncMpiSettings").Device(DEVICE_CPU), MpiSettingsKernel);
 
 }  // namespace
 }  // namespace hetsync
