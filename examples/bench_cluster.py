@@ -15,7 +15,7 @@ names, tbf-limited links, cgroup CPU quotas; root), each part a ratio against pl
    Calibration: an od-sgd run without emulated compute measures the transfer T_com, an allreduce run T_sync =
    T_real + T_com; every measured run then emulates E = T_com - T_real of compute, so T_cop = E + T_real ~ T_com
    (the issue's setting).  allreduce vs od-sgd: throughput and time to a target accuracy; od-sgd again with Open
-   MPI's libnbc choosing its own MPI_Iallreduce algorithm (hetsync starts MPI with the ring: _mpi_early.py).
+   MPI's libnbc choosing its own MPI_Iallreduce algorithm (hetsync's engine sets the ring at its start: docs/engine.md, "MPI settings").
 4. hop: Fig 21, 8 workers on machines of 4, 2 and 2 (hosts h1:4,h2:2,h3:2, machines from the real placement),
    inter-machine links of --hop-rate, random 6x slowdowns: ring-based vs node-allreduce-ring with one link per
    machine pair ("gateway", Fig 21 (b)), distinct links ("distinct", (c)) and all links ("all").
@@ -139,7 +139,7 @@ def od(args, progress):
                                        after=after, **acc)
         results["od-sgd"] = measure(args, "od-sgd", "od-sgd", "od-od-sgd", compute + warm_opt, progress,
                                     after=after, **acc)
-        # hetsync starts MPI with libnbc's ring for the engine's MPI_Iallreduce (hetsync/_mpi_early.py); again with
+        # hetsync's engine sets libnbc's ring for its MPI_Iallreduce (docs/engine.md, "MPI settings"); again with
         # libnbc's own choice (0), to show what that default is worth
         os.environ[RING] = "0"
         try:

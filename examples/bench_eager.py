@@ -6,11 +6,11 @@
 1. micro (§6.1, Fig 8/9): tests/mpi/bench_partial.py -- mean latency of solo, majority and MPI_Allreduce with the
    processes linearly skewed before each call; mean number of active processes (NAP).
 2. hyperplane (§6.2.1): y = a.x + noise, one dense layer (dimension 256: the paper's task scaled to 2 cores), each
-   step ONE random process is delayed by 1x, 1.5x, 2x the base step (Slowdown "random-one"; the paper's
+   step ONE random process is delayed by 1x, 1.5x, 2x the base step (SlowdownCallback "random-one"; the paper's
    200/300/400 ms against its step).  eager-solo vs allreduce: throughput (steps/s per worker) and the final loss
    of the averaged model.
 3. imbalance (§6.2.3): every process sleeps a delay from a range, the assignment shifted by one rank each step
-   (Slowdown "imbalance"; the paper's 50-400 ms scaled to 10-80 ms over a 20 ms base step), on digits.
+   (SlowdownCallback "imbalance"; the paper's 50-400 ms scaled to 10-80 ms over a 20 ms base step), on digits.
    eager-majority vs allreduce: time until the mean over workers of their local models' test accuracy reaches the
    target, and the final accuracy of the averaged model.
 Every step of every worker also sleeps a fixed emulated compute time (a GPU's step, which 2 cores do not have); the

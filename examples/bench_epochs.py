@@ -39,7 +39,7 @@ MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
 
 def parse_run(run):
     """A run is a mode name, optionally followed by its options as JSON: ``od-sgd{"local_lr": 0.0}``; then
-    ``>MODE@N`` (rank 0 asks for a live switch to MODE after Keras step N) or ``+syncmode`` (a SyncMode callback
+    ``>MODE@N`` (rank 0 asks for a live switch to MODE after Keras step N) or ``+syncmode`` (a SyncModeCallback callback
     that never switches: its cost alone).  Returns (mode, options, extra flags for the script)."""
     extra = []
     if run.endswith("+syncmode"):

@@ -4,7 +4,7 @@
     python examples/bench_hop.py --parts random           # one of random, deterministic, topology
 
 1. random (§7.3.1, §7.3.3, §7.3.4): ring-based graph; each worker is 6x slower with probability 1/n at each
-   iteration (Slowdown "random").  Horovod allreduce vs hop standard vs backup_workers=1 vs staleness=5 with the
+   iteration (SlowdownCallback "random").  Horovod allreduce vs hop standard vs backup_workers=1 vs staleness=5 with the
    paper's Reduce (§4.4: only the updates received in the iteration, stale_reduce="received") and with ours
    (stale_reduce="newest": every neighbour's newest satisfactory update), every hop run with max_ig=8 (with the default 4 the token bound, not the staleness bound s + 1 = 6, limits how far a
    worker runs ahead: measured 1.71x instead of the ratio below).

@@ -1,7 +1,7 @@
 """Benchmark of live switching: every fixed mode and sync="auto" on a changing scenario, in one run.
 
 8 workers (default) train the digits MLP for --steps steps each, with --base-time s of emulated compute per step
-(EmulatedCompute: 8 workers fit on 2 cores) and examples/train.py's ``--scenario changing``: homogeneous for the
+(EmulatedComputeCallback: 8 workers fit on 2 cores) and examples/train.py's ``--scenario changing``: homogeneous for the
 first --phase-steps (300) steps, the last worker --factor (5) x slower for the next 300, random 6x slowdowns with
 p = 1/n on every worker for the rest (900 of the 1500 steps: a long last phase, so that every mode has the steps to
 reach a tight target and "not reached" does not just mean "out of steps").  For each run it reports:
@@ -9,7 +9,7 @@ reach a tight target and "not reached" does not just mean "out of steps").  For 
 * time to the target loss (the mean of the workers' local-model test losses, as benchmark.py measures it), from
   the end of the start-up (bench_eager.warm);
 * per phase, the job's training throughput: samples per second summed over the workers, from each worker's
-  heterogeneity-report records (keras_callbacks.HeterogeneityReport, every 0.5 s) whose step is in the phase (a
+  heterogeneity-report records (hetsync.callbacks.HeterogeneityReportCallback, every 0.5 s) whose step is in the phase (a
   worker's first record, which holds the job's start-up and first tracing, is left out; the tracing of a mode a
   switch enters for the first time stays in: auto pays it);
 * for auto, its switches (step, target, the policy's evidence) and ``hetsync report``'s PNG of its run

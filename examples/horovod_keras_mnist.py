@@ -17,7 +17,7 @@ Flags beyond Horovod's example turn on the situations hetsync must survive (test
 ``--batch-budget B0,B1,..`` (rank r stops after its B_r-th batch; 0: no budget -- the same stop at a point no other
 rank knows, decided by a count instead of a clock, so a test gets it at the same batch on any machine),
 ``--early-stop-rank R`` (EarlyStopping fires on rank R only), ``--uneven`` (rank r's epochs are shorter: uneven
-shards), ``--consensus`` (add keras_callbacks.Consensus), ``--refit`` (call fit a second time).
+shards), ``--consensus`` (add hetsync.callbacks.ConsensusCallback), ``--refit`` (call fit a second time).
 
     horovodrun --mpi -np 4 -H localhost:4 python examples/horovod_keras_mnist.py --sync ripples-smart
 """
@@ -38,7 +38,8 @@ import horovod.tensorflow.keras as hvd  # noqa: E402
 
 import hetsync  # noqa: E402
 import hetsync.training  # noqa: E402
-import keras_callbacks  # noqa: E402
+import hetsync.callbacks  # noqa: E402
+import hetsync.testing  # noqa: E402
 from common import digit_images, without_autotune  # noqa: E402  (examples/common.py, beside this script)
 
 
@@ -66,7 +67,7 @@ def parse(argv=None):
     p.add_argument("--batch-budget", default=None, help="comma-separated batches per rank (0: none)")
     p.add_argument("--early-stop-rank", type=int, default=None)
     p.add_argument("--uneven", action="store_true")
-    p.add_argument("--consensus", default=None, help="add keras_callbacks.Consensus(every=...): epoch, N or none")
+    p.add_argument("--consensus", default=None, help="add hetsync.callbacks.ConsensusCallback(every=...): epoch, N or none")
     p.add_argument("--refit", action="store_true", help="call fit again after the first one")
     p.add_argument("--checkpoint-dir", default=None)
     p.add_argument("--summary-dir", default=None, help="write summary<rank>.json here")
@@ -75,9 +76,9 @@ def parse(argv=None):
     p.add_argument("--no-autotune", action="store_true",
                    help="tf.data autotuning off: TensorFlow 2.15 can hold one rank at the end of fit for up to 60 s "
                         "(docs/limitations.md); the test suite turns it off, users' scripts keep TF's default")
-    p.add_argument("--switch-to", default=None, help='live switch: a mode, or mode{"option": value} (SyncMode)')
+    p.add_argument("--switch-to", default=None, help='live switch: a mode, or mode{"option": value} (SyncModeCallback)')
     p.add_argument("--switch-at", type=int, default=0, help="rank 0 requests --switch-to after this Keras step")
-    p.add_argument("--sync-mode-callback", action="store_true", help="a SyncMode callback that never switches")
+    p.add_argument("--sync-mode-callback", action="store_true", help="a SyncModeCallback callback that never switches")
     p.add_argument("--stop-at-loss", type=float, default=None,
                    help="stop at the first epoch end whose validation loss is at most this (time to target)")
     return p.parse_args(argv)
@@ -211,7 +212,7 @@ def consensus_callback(spec):
     if spec is None:
         return []
     every = {"epoch": "epoch", "none": None}.get(spec, None if spec == "none" else spec)
-    return [keras_callbacks.Consensus(every=int(every) if isinstance(every, str) and every.isdigit() else every)]
+    return [hetsync.callbacks.ConsensusCallback(every=int(every) if isinstance(every, str) and every.isdigit() else every)]
 
 
 def weights_checksum(model):
@@ -260,18 +261,18 @@ def train(args):
                                                  steps_per_epoch=steps, verbose=0),
     ]
     if args.compute:
-        callbacks.append(keras_callbacks.EmulatedCompute(args.compute))
+        callbacks.append(hetsync.testing.EmulatedComputeCallback(args.compute))
     if args.factors:
-        callbacks.append(keras_callbacks.Slowdown("deterministic", factors=[float(f) for f in args.factors.split(",")],
+        callbacks.append(hetsync.testing.SlowdownCallback("deterministic", factors=[float(f) for f in args.factors.split(",")],
                                                   base_time=args.base_time))
     elif args.slow_rank is not None:
-        callbacks.append(keras_callbacks.Slowdown("deterministic", ranks=[args.slow_rank], factor=args.factor,
+        callbacks.append(hetsync.testing.SlowdownCallback("deterministic", ranks=[args.slow_rank], factor=args.factor,
                                                   base_time=args.base_time))
     ends = EpochEnds()
     callbacks.append(ends)
     first = FirstBatch()
     callbacks.append(first)
-    switch = keras_callbacks.SyncMode() if args.switch_to or args.sync_mode_callback else None
+    switch = hetsync.callbacks.SyncModeCallback() if args.switch_to or args.sync_mode_callback else None
     callbacks += [switch] if switch else []
     if args.switch_to:
         at = args.switch_to.find("{")

@@ -23,7 +23,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
-import keras_callbacks  # noqa: E402
+import hetsync.callbacks  # noqa: E402
+import hetsync.testing  # noqa: E402
 from common import EvalLogger, shard, task  # noqa: E402
 
 
@@ -52,7 +53,7 @@ def parse_args(argv=None):
                         "--base-time)")
     p.add_argument("--phase-steps", type=int, default=0, help="--scenario changing: steps of the first two phases "
                                                                "(default: a third of --steps)")
-    p.add_argument("--report-dir", default="", help="write keras_callbacks.HeterogeneityReport records there")
+    p.add_argument("--report-dir", default="", help="write hetsync.callbacks.HeterogeneityReportCallback records there")
     p.add_argument("--log-dir", default="")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
@@ -74,12 +75,12 @@ def changing_scenario(args, rank, size, steps):
     homogeneous, as many with one persistent straggler, random slowdowns for the rest."""
     if args.base_time is None:
         raise SystemExit("--scenario changing needs --base-time (the normal iteration time)")
-    straggler = keras_callbacks.Slowdown("deterministic", ranks=[size - 1], factor=args.factor,
+    straggler = hetsync.testing.SlowdownCallback("deterministic", ranks=[size - 1], factor=args.factor,
                                          base_time=args.base_time, rank=rank, size=size)
-    random = keras_callbacks.Slowdown("random", factor=6.0, base_time=args.base_time, seed=args.seed, rank=rank,
+    random = hetsync.testing.SlowdownCallback("random", factor=6.0, base_time=args.base_time, seed=args.seed, rank=rank,
                                       size=size)
     phase = args.phase_steps or max(steps // 3, 1)
-    return keras_callbacks.PhasedSlowdown([(phase, None), (phase, straggler), (max(steps - 2 * phase, 1), random)])
+    return hetsync.testing.PhasedSlowdownCallback([(phase, None), (phase, straggler), (max(steps - 2 * phase, 1), random)])
 
 
 def main(argv=None):
@@ -105,18 +106,18 @@ def main(argv=None):
     log_path = os.path.join(args.log_dir, f"rank{rank}.csv") if args.log_dir else ""
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
     if args.compute_time:
-        callbacks.append(keras_callbacks.EmulatedCompute(args.compute_time))
+        callbacks.append(hetsync.testing.EmulatedComputeCallback(args.compute_time))
     if args.slowdown != "none":
         slow = [int(r) for r in args.slow_ranks.split(",") if r]
         lo, hi = (float(v) for v in args.delay_range.split(","))
         factors = [float(f) for f in args.factors.split(",")] if args.factors else None
-        callbacks.append(keras_callbacks.Slowdown(args.slowdown, ranks=slow, factor=args.factor,
+        callbacks.append(hetsync.testing.SlowdownCallback(args.slowdown, ranks=slow, factor=args.factor,
                                                   delay_range=(lo, hi), base_time=args.base_time, seed=args.seed,
                                                   factors=factors))
     if args.scenario == "changing":
         callbacks.append(changing_scenario(args, rank, size, steps))
     if args.report_dir:
-        callbacks.append(keras_callbacks.HeterogeneityReport(args.report_dir, every_s=0.5))
+        callbacks.append(hetsync.callbacks.HeterogeneityReportCallback(args.report_dir, every_s=0.5))
         if args.scenario == "changing" and rank == 0:  # for `hetsync report` to hatch them
             from hetsync.report import write_phases
 
@@ -125,7 +126,7 @@ def main(argv=None):
                                            (2 * phase, steps, "random 6x slowdowns")])
     evaluator = EvalLogger(x_test, y_test, loss, args.eval_every, t0, log_path, rank,
                            print_every=max(steps // 4, 1) if rank == 0 else 0, total=steps)
-    callbacks += [evaluator, keras_callbacks.Consensus(every=None)]
+    callbacks += [evaluator, hetsync.callbacks.ConsensusCallback(every=None)]
 
     model.fit(shard(x_train, y_train, rank, size, args.batch_size, args.seed), steps_per_epoch=steps, epochs=1,
               callbacks=callbacks, verbose=0)

@@ -1,5 +1,6 @@
 """The ``hetsync`` console command (setup.py entry point).
 
+    hetsync check [--np N]              does hetsync work here? versions, ops, MPI, coordinator, a 2-rank job
     hetsync report LOGDIR [--out DIR]   the heterogeneity report of a run (hetsync/report.py): PNG + Markdown
     hetsync --version                   "hetsync X.Y.Z" (also `python -m hetsync --version`)
 
@@ -29,14 +30,20 @@ def parser():
     top = argparse.ArgumentParser(prog="hetsync", description=__doc__.split("\n\n")[0])
     top.add_argument("--version", action="version", version=f"hetsync {__version__}")
     sub = top.add_subparsers(dest="command", required=True)
+    check = sub.add_parser("check", help="check that hetsync works in this environment (like horovodrun --check-build)")
+    check.add_argument("--np", type=int, default=2, help="ranks of the loopback job (default 2)")
     report = sub.add_parser("report", help="write LOGDIR's heterogeneity report (PNG + Markdown)")
-    report.add_argument("logdir", help="the log_dir of a HeterogeneityReport / TensorBoard callback")
+    report.add_argument("logdir", help="the log_dir of a HeterogeneityReportCallback")
     report.add_argument("--out", default=None, help="where to write (default: LOGDIR)")
     return top
 
 
 def main(argv=None):
     args = parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    if args.command == "check":
+        from hetsync import check
+
+        return check.main(["--np", str(args.np)])
     return _report(args)
 
 

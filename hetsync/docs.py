@@ -105,7 +105,7 @@ def render():
         "option, the value and what was expected.",
         "",
         "- A mode's options go to `hetsync.DistributedOptimizer(opt, sync=mode, **options)`, or with a live switch "
-        "to `keras_callbacks.SyncMode(schedule={epoch: (mode, options)})` and `SyncMode.request(mode, **options)`.",
+        "to `hetsync.callbacks.SyncModeCallback(schedule={epoch: (mode, options)})` and `SyncModeCallback.request(mode, **options)`.",
         "- Mode names accept underscores for hyphens (`sync=\"ripples_smart\"` is `\"ripples-smart\"`).  An unknown "
         "mode or option name is a `ValueError` listing the valid ones, with the closest as \"did you mean\".",
         "- *paper §*: the section of the mode's paper the option implements (\"--\": hetsync's own).  A meaning "

@@ -38,7 +38,7 @@ def metrics(model_or_optimizer):
 
 
 def switch_history(model_or_optimizer):
-    """The live switches this rank made (keras_callbacks.SyncMode, or sync="auto"), oldest first: a list of new
+    """The live switches this rank made (hetsync.callbacks.SyncModeCallback, or sync="auto"), oldest first: a list of new
     dicts with ``from``, ``to``, ``position`` (the job's train step), ``options``, ``reason`` (sync="auto": the
     policy's evidence), ``time`` (epoch seconds), ``seconds`` (the switch's duration) and ``traced``.  Switches
     refused at their roll call are not in it.  ``[]`` before any switch."""

@@ -63,6 +63,15 @@ _info_cache = {}
 _atexit_registered = [False]
 
 
+def on_host():
+    """The device scope of every data-carrying engine op: the host.  The ops have CPU kernels only (the engine
+    reads and writes host memory, MPI does the transfer); placing them explicitly keeps a GPU user's model working
+    even with soft device placement turned off.  TensorFlow copies a GPU tensor to the host before the op and the
+    result back to the GPU where it is used: two PCIe copies of the synchronized tensors per exchange (docs/engine.md,
+    "GPUs")."""
+    return tf.device("/device:CPU:0")
+
+
 def engine_info():
     """World rank, world size and MPI thread level (an int; MPI_THREAD_MULTIPLE is 3 in Open MPI and MPICH).
 
@@ -262,8 +271,9 @@ def p_reduce(tensors, group, timeout=None, name=None, instance=None, compression
             inst_k = instance_t if instance is None else instance_t * _SUB_SCALE + tf.constant([k, 0], tf.int64)
             with tf.control_dependencies(previous):
                 inputs = [tf.cast(items[i], wire) if items[i].dtype != wire else items[i] for i in idx]
-                outs = _lib.hetsync_p_reduce(tensors=inputs, group=group_t, instance=inst_k,
-                                             timeout_seconds=timeout_s, wire_half=half and wire == tf.float32)
+                with on_host():
+                    outs = _lib.hetsync_p_reduce(tensors=inputs, group=group_t, instance=inst_k,
+                                                 timeout_seconds=timeout_s, wire_half=half and wire == tf.float32)
             for i, out in zip(idx, outs):
                 results[i] = tf.cast(out, items[i].dtype) if items[i].dtype != wire else out
             previous = list(outs)
@@ -371,8 +381,9 @@ def partial_allreduce(tensors, mode="solo", name="partial_allreduce", seed=0, ti
         raise TypeError(f"partial_allreduce needs float32 or float64 tensors of one dtype, got "
                         f"{sorted(d.name for d in dtypes)}")
     half = _wire_half(compression) and items[0].dtype == tf.float32
-    outs = _lib.hetsync_partial_allreduce(tensors=items, collective=name, mode=mode, seed=seed,
-                                          timeout_seconds=timeout_s, wire_half=half, late=late)
+    with on_host():
+        outs = _lib.hetsync_partial_allreduce(tensors=items, collective=name, mode=mode, seed=seed,
+                                              timeout_seconds=timeout_s, wire_half=half, late=late)
     averaged, info, contributors = list(outs[0]), outs[1], outs[2]
     return PartialResult(averaged[0] if single else averaged, tf.cast(info[0], tf.bool), info[1], info[2], info[3],
                          info[4], contributors, info[5], info[6])
@@ -392,7 +403,8 @@ def partial_drain(name, like):
     forgotten.  Waits for a round this rank is taking part in passively (a peer's) to finish first.  A live switch
     leaving eager-SGD applies it locally (hetsync/algorithms/eager.py), so no gradient is lost or applied twice."""
     like = [tf.convert_to_tensor(t) for t in like]
-    return list(_lib.hetsync_partial_drain(like=like, collective=name))
+    with on_host():
+        return list(_lib.hetsync_partial_drain(like=like, collective=name))
 
 
 def allreduce_start(tensors, timeout=None, name=None):
@@ -412,7 +424,7 @@ def allreduce_start(tensors, timeout=None, name=None):
         raise TypeError(f"allreduce_start takes float32 or float64 tensors of one dtype, got {sorted(d.name for d in dtypes)}")
     if timeout is not None and not float(timeout) > 0:
         raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
-    with tf.name_scope(name or "allreduce_start"):
+    with tf.name_scope(name or "allreduce_start"), on_host():
         return _lib.hetsync_allreduce_start(tensors=items, timeout_seconds=-1.0 if timeout is None else float(timeout))
 
 
@@ -422,6 +434,6 @@ def allreduce_wait(handle, like, name=None):
     began], seconds of the monotonic clock (Python's ``time.monotonic``) as the engine saw them: ``done - wait``,
     when positive, is the part of the transfer the caller did not hide."""
     like = [tf.convert_to_tensor(t) for t in like]
-    with tf.name_scope(name or "allreduce_wait"):
+    with tf.name_scope(name or "allreduce_wait"), on_host():
         sums, times = _lib.hetsync_allreduce_wait(handle=handle, like=like)
     return list(sums), times

@@ -16,7 +16,7 @@ import collections
 
 import tensorflow as tf
 
-from hetsync.ops import _clib, _lib, _wire_half
+from hetsync.ops import _clib, _lib, _wire_half, on_host
 
 STAT_NAMES = ("iteration", "queue_size", "max_queue", "dropped", "skips", "skipped_iters", "sends", "sends_skipped",
               "used", "jump", "session", "absent", "lag")
@@ -54,7 +54,8 @@ def hop_send(tensors, name, compression=None):
     """Send: enqueue ``tensors`` (fused) into the update queue of every out-neighbour that is not past this
     worker's iteration (§6.2 (b): known from the tokens it sent).  Only the first call in an iteration sends.
     Returns the number of neighbours sent to (int64 scalar)."""
-    return _lib.hetsync_hop_send(tensors=_floats(tensors), queue=name, wire_half=_wire_half(compression))
+    with on_host():
+        return _lib.hetsync_hop_send(tensors=_floats(tensors), queue=name, wire_half=_wire_half(compression))
 
 
 def hop_recv(tensors, name, offset=0, timeout=None):
@@ -63,8 +64,9 @@ def hop_recv(tensors, name, offset=0, timeout=None):
     staleness s: each in-neighbour's newest update no older than k - s), then returns (averaged tensors, info).
     info = [k, updates reduced, dropped so far, oldest iteration reduced, newest, microseconds waited]."""
     items = _floats(tensors)
-    outs = _lib.hetsync_hop_recv(tensors=items, offset=tf.cast(offset, tf.int64), queue=name,
-                                 timeout_seconds=_timeout(timeout))
+    with on_host():
+        outs = _lib.hetsync_hop_recv(tensors=items, offset=tf.cast(offset, tf.int64), queue=name,
+                                     timeout_seconds=_timeout(timeout))
     return list(outs[0]), outs[1]
 
 

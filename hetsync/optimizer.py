@@ -13,12 +13,22 @@ AUTO_OWN = {  # sync="auto"'s, beside its policy's SETTINGS (coordinator/auto_po
 }
 
 
-def DistributedOptimizer(optimizer, sync="allreduce", **options):  # noqa: N802 (Horovod's name)
+def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=None,  # noqa: N802
+                         sparse_as_dense=False, gradient_predivide_factor=1.0, op=None, backward_passes_per_step=1,
+                         average_aggregated_gradients=False, num_groups=0, groups=None, process_set=None,
+                         scale_local_gradients=True, *, sync="allreduce", job_epochs=True, **options):
     """Wraps a Keras optimizer so training synchronizes with the method named by ``sync``.
+
+    The positional and keyword parameters up to ``scale_local_gradients`` are Horovod's
+    ``hvd.DistributedOptimizer``'s, in its order and with its defaults (``compression=None`` is
+    ``hvd.Compression.none``, ``op=None`` is ``hvd.Average``, ``process_set=None`` the global process set), so a
+    Horovod call keeps working with ``sync=`` added.  Every mode accepts them all: ``sync="allreduce"`` hands them to
+    Horovod unchanged; the other modes apply those with a meaning for them and name the others in one warning
+    (docs/compatibility.md).  Only the keywords given with a value other than the default are passed on.
 
     Args:
       optimizer: any Keras optimizer (``tf.keras.optimizers.*``, new or legacy).
-      sync: a registered mode (``hetsync.available_modes()`` lists them; ``"allreduce"`` is Horovod's own
+      sync: keyword-only; a registered mode (``hetsync.available_modes()`` lists them; ``"allreduce"`` is Horovod's own
         DistributedOptimizer, the baseline), or ``"auto"``: hetsync measures the workers' speeds and switches
         between ``candidates`` as the job's heterogeneity changes (README "sync='auto'").
       **options: the mode's options (docs/options.md, ``python -m hetsync.docs``); unknown ones raise ValueError
@@ -27,31 +37,31 @@ def DistributedOptimizer(optimizer, sync="allreduce", **options):  # noqa: N802 
         ``window`` (seconds of samples the policy looks at), ``min_interval`` (seconds between switches), the
         policy's thresholds, ``report_every`` (steps between a rank's reports to the Switch Board, 8) and
         ``pretrace`` (True: the candidates' train steps are traced after the first step, so a switch does not stall
-        on tracing).  Horovod's DistributedOptimizer keywords are accepted by every mode and kept across live
-        switches.  ``job_epochs`` (every mode, default True): an epoch of a mode whose ranks step at their own
-        pace is the job's ``sum(steps_per_epoch)`` train steps, shared by speed (README "Job epochs"); False:
-        every rank runs its own ``steps_per_epoch`` train steps per epoch.
+        on tracing).
+      job_epochs: keyword-only, every mode (default True): an epoch of a mode whose ranks step at their own pace
+        is the job's ``sum(steps_per_epoch)`` train steps, shared by speed (README "Job epochs"); False: every
+        rank runs its own ``steps_per_epoch`` train steps per epoch.  Horovod's keywords are kept across live
+        switches.
 
     Returns:
       A Keras optimizer to pass to ``model.compile``.  ``hetsync.current_mode``, ``hetsync.metrics`` and
       ``hetsync.switch_history`` (of it, or of the model) observe it (hetsync/observe.py).
-      After a live switch (keras_callbacks.SyncMode, or auto) ``model.optimizer`` is the mode's optimizer in force,
+      After a live switch (hetsync.callbacks.SyncModeCallback, or auto) ``model.optimizer`` is the mode's optimizer in force,
       holding the same state.
     """
     from hetsync import compat, training
     from hetsync.switching import Family
     from hetsync.training import options as agreement
 
+    hvd_kwargs = _given_horovod_kwargs(locals())
     options = dict(options)
     given, sync = sync, algorithms.canonical(sync)  # "ripples_smart" is "ripples-smart"
     error = None
     try:  # every check that needs no peer, on every rank, before any collective of the set-up
         _check_sync(given)
-        own = check_all("hetsync.DistributedOptimizer", FAMILY_OPTIONS,
-                        {k: options.pop(k) for k in list(options) if k in FAMILY_OPTIONS})
+        own = check_all("hetsync.DistributedOptimizer", FAMILY_OPTIONS, {"job_epochs": job_epochs})
         _check_optimizer(optimizer)
-        hvd_kwargs = {k: v for k, v in options.items() if k in horovod_kwargs.NAMES}
-        mode_options = {k: v for k, v in options.items() if k not in horovod_kwargs.NAMES}
+        mode_options = options
         refusal = compat.call_problem(sync, hvd_kwargs)  # Keras 3, process sets (docs/compatibility.md)
         if refusal:
             raise ValueError(refusal)
@@ -62,11 +72,27 @@ def DistributedOptimizer(optimizer, sync="allreduce", **options):  # noqa: N802 
     except ValueError as e:
         error = str(e)
     agreement.agree_or_raise("hetsync.DistributedOptimizer", error,
-                             agreement.fingerprint({"sync": sync, "options": options}))
+                             agreement.fingerprint({"sync": sync, "options": {**hvd_kwargs, **options,
+                                                                              "job_epochs": job_epochs}}))
     training.install()  # job epochs, sync points, idle ranks and the agreed stop, for every mode
     if sync != "auto":
         return Family(optimizer, hvd_kwargs, job_epochs=own["job_epochs"]).start(sync, mode_options)
     return _auto(optimizer, hvd_kwargs, auto, own["job_epochs"])
+
+
+def _given_horovod_kwargs(arguments):
+    """Horovod's keywords of a :func:`DistributedOptimizer` call whose value is not the signature's default, i.e.
+    what the caller asked for (a default asks for nothing in any mode)."""
+    import inspect
+
+    defaults = inspect.signature(DistributedOptimizer).parameters
+    given = {}
+    for key in horovod_kwargs.NAMES:
+        value, default = arguments[key], defaults[key].default
+        if value is default or (value == default and type(value) is type(default)):
+            continue
+        given[key] = value
+    return given
 
 
 def _check_sync(given):

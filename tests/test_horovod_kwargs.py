@@ -79,6 +79,37 @@ def test_names_are_exactly_the_installed_horovod_keywords():
         assert not hk.is_default(key, NON_DEFAULT[key]) or key == "process_set", key
 
 
+def test_distributed_optimizer_has_horovods_signature_and_a_keyword_only_sync():
+    """help() and IDEs show Horovod's keywords, in Horovod's order (a positional call keeps its meaning: the second
+    argument is ``name``, as in Horovod, never a sync mode); ``sync`` and ``job_epochs`` are keyword-only; the
+    defaults are Horovod's (None standing for Compression.none, Average and the global process set)."""
+    import hetsync
+
+    ours = inspect.signature(hetsync.DistributedOptimizer).parameters
+    theirs = inspect.signature(hvd_keras.DistributedOptimizer).parameters
+    positional = [n for n, p in ours.items() if p.kind is p.POSITIONAL_OR_KEYWORD]
+    assert positional == list(theirs)
+    for key in hk.NAMES:
+        default = ours[key].default
+        assert default == theirs[key].default or (default is None and hk.is_default(key, theirs[key].default)), key
+    assert ours["sync"].kind is inspect.Parameter.KEYWORD_ONLY and ours["sync"].default == "allreduce"
+    assert ours["job_epochs"].kind is inspect.Parameter.KEYWORD_ONLY
+
+
+def test_only_the_horovod_keywords_given_are_passed_on():
+    from hetsync.optimizer import _given_horovod_kwargs
+
+    arguments = {key: inspect.signature(hvd_keras.DistributedOptimizer).parameters[key].default
+                 for key in hk.NAMES}
+    arguments.update(compression=None, op=None, process_set=None)
+    assert _given_horovod_kwargs(arguments) == {}
+    arguments.update(backward_passes_per_step=2, sparse_as_dense=True, name="opt")
+    assert _given_horovod_kwargs(arguments) == {"backward_passes_per_step": 2, "sparse_as_dense": True,
+                                                "name": "opt"}
+    arguments.update(num_groups=False)  # not the int default 0: asked for, then refused by the mode's check
+    assert "num_groups" in _given_horovod_kwargs(arguments)
+
+
 @pytest.mark.parametrize("mode", algorithms.available_modes())
 def test_every_mode_accepts_every_horovod_kwarg(mode):
     algo, caught = create(mode, **NON_DEFAULT)

@@ -1,8 +1,8 @@
-"""Slowdown callback protocols (no processes needed: rank and size are given explicitly)."""
+"""SlowdownCallback protocols (no processes needed: rank and size are given explicitly)."""
 import numpy as np
 import pytest
 
-from keras_callbacks import Slowdown
+from hetsync.testing import SlowdownCallback
 
 
 def delays(cb, steps):
@@ -10,23 +10,29 @@ def delays(cb, steps):
 
 
 def test_deterministic_slows_only_the_given_ranks_by_factor_minus_one():
-    slow = Slowdown("deterministic", ranks=[3], factor=5, base_time=0.1, rank=3, size=4)
-    fast = Slowdown("deterministic", ranks=[3], factor=5, base_time=0.1, rank=1, size=4)
+    slow = SlowdownCallback("deterministic", ranks=[3], factor=5, base_time=0.1, rank=3, size=4)
+    fast = SlowdownCallback("deterministic", ranks=[3], factor=5, base_time=0.1, rank=1, size=4)
     assert delays(slow, 10) == pytest.approx([0.4] * 10)
     assert delays(fast, 10) == [0.0] * 10
 
 
+def test_nothing_is_slowed_unless_ranks_are_named():
+    """No default slows a rank: a SlowdownCallback without ``ranks`` (or ``factors``) sleeps on none of them."""
+    for rank in range(4):
+        assert delays(SlowdownCallback(factor=5, base_time=0.1, rank=rank, size=4), 10) == [0.0] * 10
+
+
 def test_deterministic_measures_the_normal_time_before_slowing():
-    cb = Slowdown("deterministic", ranks=[0], factor=3, warmup=3, rank=0, size=2)
+    cb = SlowdownCallback("deterministic", ranks=[0], factor=3, warmup=3, rank=0, size=2)
     assert cb.delay_for_step(0) == 0.0  # nothing measured yet
     cb._warm_times = [0.010, 0.030, 0.020]
     assert cb.delay_for_step(3) == pytest.approx(2 * 0.020)
 
 
 def test_random_is_seeded_and_has_the_requested_probability():
-    a = delays(Slowdown("random", factor=6, base_time=1.0, seed=7, rank=2, size=8), 4000)
-    b = delays(Slowdown("random", factor=6, base_time=1.0, seed=7, rank=2, size=8), 4000)
-    other = delays(Slowdown("random", factor=6, base_time=1.0, seed=7, rank=3, size=8), 4000)
+    a = delays(SlowdownCallback("random", factor=6, base_time=1.0, seed=7, rank=2, size=8), 4000)
+    b = delays(SlowdownCallback("random", factor=6, base_time=1.0, seed=7, rank=2, size=8), 4000)
+    other = delays(SlowdownCallback("random", factor=6, base_time=1.0, seed=7, rank=3, size=8), 4000)
     assert a == b, "same seed and rank: same slow steps"
     assert a != other, "ranks draw independently"
     assert set(a) == {0.0, 5.0}
@@ -34,7 +40,7 @@ def test_random_is_seeded_and_has_the_requested_probability():
 
 
 def test_random_one_slows_exactly_one_rank_per_step_the_same_on_every_rank():
-    per_rank = [delays(Slowdown("random-one", factor=2.5, base_time=1.0, seed=3, rank=r, size=8), 2000)
+    per_rank = [delays(SlowdownCallback("random-one", factor=2.5, base_time=1.0, seed=3, rank=r, size=8), 2000)
                 for r in range(8)]
     per_step = np.array(per_rank).T
     assert np.all((per_step > 0).sum(axis=1) == 1), "one slowed rank per step"
@@ -45,7 +51,7 @@ def test_random_one_slows_exactly_one_rank_per_step_the_same_on_every_rank():
 
 def test_imbalance_shifts_the_delays_across_ranks_each_step():
     size = 4
-    cbs = [Slowdown("imbalance", delay_range=(0.05, 0.4), rank=r, size=size) for r in range(size)]
+    cbs = [SlowdownCallback("imbalance", delay_range=(0.05, 0.4), rank=r, size=size) for r in range(size)]
     for step in range(6):
         row = [cb.delay_for_step(step) for cb in cbs]
         assert sorted(row) == pytest.approx(list(np.linspace(0.05, 0.4, size)))  # every delay used once
@@ -62,4 +68,4 @@ def test_imbalance_shifts_the_delays_across_ranks_each_step():
 ])
 def test_bad_arguments_name_the_problem(kwargs, word):
     with pytest.raises(ValueError, match=word):
-        Slowdown(**{"rank": 0, "size": 4, **kwargs})
+        SlowdownCallback(**{"rank": 0, "size": 4, **kwargs})

@@ -97,15 +97,15 @@ def test_report_of_records_and_missing_logdir(tmp_path):
 
 
 def test_sync_mode_schedule_and_auto_settings_are_checked():
-    from keras_callbacks.sync_mode import SyncMode
+    from hetsync.callbacks import SyncModeCallback
 
     with pytest.raises(ValueError, match="unknown sync mode 'nope'"):
-        SyncMode(schedule={2: "nope"})
+        SyncModeCallback(schedule={2: "nope"})
     with pytest.raises(ValueError, match="epochs"):
-        SyncMode(schedule={-1: "allreduce"})
+        SyncModeCallback(schedule={-1: "allreduce"})
     with pytest.raises(ValueError, match="unknown option"):
-        SyncMode(schedule={1: ("ripples-static", {"group": 3})})
-    assert SyncMode(schedule={3: ("esync", {"epsilon": 0.01})}).schedule == {3: ("esync", {"epsilon": 0.01})}
+        SyncModeCallback(schedule={1: ("ripples-static", {"group": 3})})
+    assert SyncModeCallback(schedule={3: ("esync", {"epsilon": 0.01})}).schedule == {3: ("esync", {"epsilon": 0.01})}
     # sync="auto"'s own settings are checked before anything starts (optimizer._auto_settings: no collective)
     from hetsync.optimizer import _auto_settings
 

@@ -26,7 +26,7 @@ averages with Horovod: at every epoch end (every hetsync mode does this, hetsync
 
 Options:
   model_sync_every: batches between mid-epoch model averages (default 200; None: epoch ends only).  A
-    ``keras_callbacks.Consensus`` callback, if the user adds one, overrides it.
+    ``hetsync.callbacks.ConsensusCallback`` callback, if the user adds one, overrides it.
   seed: majority's shared seed for the initiator sequence (ops.majority_initiator).  Default 0.
   late: "accumulate" (default), "latest" or "algorithm5", above.
   timeout: seconds before a round that cannot run fails (a rank's engine gone; majority: its designated rank never

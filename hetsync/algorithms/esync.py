@@ -39,7 +39,7 @@ Choices where the paper is silent (README, "ESync"):
 * Each fit's round 0 starts after an allreduce (w_t <- the average): the worker reports t_e = its end with a k = 0
   query, else the slowest's t_e, from before it, would make it look nearly done and end round 0 after one step.
 * Capability c (Algorithm 1 line 15) is the duration of the worker's last local iteration, an injected slowdown
-  included (keras_callbacks.Slowdown sleeps per local iteration in this mode).  In non-blocking mode it includes the
+  included (hetsync.testing.SlowdownCallback sleeps per local iteration in this mode).  In non-blocking mode it includes the
   last query's round-trip time (§4.2).
 * ``non_blocking=True`` (§4.2, delayed ACK): the query goes out without waiting and the worker keeps taking local
   iterations; the answer is read after each iteration.  ``on_ready`` says what becomes of the iteration in flight

@@ -71,7 +71,7 @@ def _sync_batch_norms(model):
 
 
 def fit_modes(family, algorithm, user_callbacks):
-    """The modes a fit may train in: the one in force, sync="auto"'s candidates, a SyncMode schedule's."""
+    """The modes a fit may train in: the one in force, sync="auto"'s candidates, a SyncModeCallback schedule's."""
     found = [family.current[0] if family is not None and family.current else algorithm.name]
     if family is not None and family.auto:
         found += [mode for mode, _ in family.auto["candidates"].values()]

@@ -5,7 +5,7 @@ samples and asks it after each report; tests/test_switchboard.py checks it alone
 
 **Samples.**  One per step and rank: seconds of *compute* per iteration -- from the start of the rank's step to
 the moment its gradients were ready (hetsync/training/step_clock.py), so time spent waiting for peers, in hetsync's
-collectives or Horovod's, is not in it.  An injected Slowdown runs inside the step, as a slower GPU would.  In
+collectives or Horovod's, is not in it.  An injected SlowdownCallback runs inside the step, as a slower GPU would.  In
 ESync, whose Keras step is a round of local iterations, each local iteration is a sample (a round's mean would
 dilute one slow iteration among a fast rank's many, and random slowdowns were recognised late).
 

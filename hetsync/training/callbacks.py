@@ -26,7 +26,7 @@ class SyncPoints(tf.keras.callbacks.Callback):
         self.state = state
         self.user_callbacks = list(user_callbacks)
         self.epoch_plan = epoch_plan      # (job train steps, Keras steps) of each epoch
-        self.switching = False            # this fit reports to the Switch Board (a SyncMode callback, or auto)
+        self.switching = False            # this fit reports to the Switch Board (a SyncModeCallback callback, or auto)
         self.board = None
 
     # -- the train function -------------------------------------------------------------------------------------
@@ -55,7 +55,7 @@ class SyncPoints(tf.keras.callbacks.Callback):
         state = self.state
         state.model = self.model
         state.begin_fit()
-        # Per-train-step callbacks (keras_callbacks.Slowdown / EmulatedCompute) run inside the step: the state
+        # Per-train-step callbacks (hetsync.testing.SlowdownCallback / EmulatedComputeCallback) run inside the step: the state
         # machine calls them, or, in modes whose Keras step is several local iterations (ESync), the mode does.
         state.hooks = [cb for cb in self.user_callbacks if getattr(cb, "hetsync_per_train_step", False)]
         for cb in state.hooks:
@@ -92,7 +92,7 @@ class SyncPoints(tf.keras.callbacks.Callback):
         wanted = state.family is not None and (bool(modes) or state.family.auto is not None)
         every = state.family.report_every if state.family is not None else 1
         options.agree("switching", [1 if wanted else 0, every], lambda ranks: (
-            f"ranks {ranks} differ from rank 0 in having a keras_callbacks.SyncMode callback (or sync='auto') or "
+            f"ranks {ranks} differ from rank 0 in having a hetsync.callbacks.SyncModeCallback callback (or sync='auto') or "
             "in sync='auto''s report_every: pass the same callbacks and options on every rank, as for Horovod's "
             "callbacks"))
         self.switching = wanted
@@ -173,7 +173,7 @@ class SyncPoints(tf.keras.callbacks.Callback):
         return record
 
     def _scheduled(self, epoch):
-        """A SyncMode schedule's entry for ``epoch`` (every rank has the same schedule: no negotiation)."""
+        """A SyncModeCallback schedule's entry for ``epoch`` (every rank has the same schedule: no negotiation)."""
         for cb in self.user_callbacks:
             schedule = getattr(cb, "schedule", None) if getattr(cb, "hetsync_switches", False) else None
             if schedule and epoch in schedule:

@@ -41,7 +41,7 @@ def sync_point(model, algorithm, idle, weight=1.0, average=True, name="hetsync.s
     Every rank calls it the same number of times -- idle ranks (stopped early) too, since they step through the
     same epochs.  The models are averaged weighted by ``weight`` (1 for a rank that trained since its last sync
     point, 0 for an idle one: the newest models make the consensus; if every weight is 0 all count equally), which
-    leaves every rank with the same model.  ``average=False`` skips the average (``Consensus(every=None)``).
+    leaves every rank with the same model.  ``average=False`` skips the average (``ConsensusCallback(every=None)``).
     Returns True when every rank is idle.  Idle ranks stay withdrawn from hetsync's collectives afterwards.
     """
     import tensorflow as tf

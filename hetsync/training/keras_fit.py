@@ -98,8 +98,7 @@ def _prepare(original, model, args, kwargs, algorithm):
     if own is None and length >= 0:
         own = length
     bad = own is not None and (not isinstance(own, int) or isinstance(own, bool) or own < 1)
-    reports = user + _report_for_tensorboard(user)
-    report_ms = report.wanted_ms(reports)  # rank 0 alone may have one: every rank feeds it (training/report.py)
+    report_ms = report.wanted_ms(user)  # rank 0 alone may have one: every rank feeds it (training/report.py)
     if family is not None:
         family.fit_model = model  # a live switch checks the model's features against the new mode (compat.py)
     refusal = compat.fit_problem(model, compat.fit_modes(family, algorithm, user),
@@ -142,18 +141,5 @@ def _prepare(original, model, args, kwargs, algorithm):
             state.own_steps = own  # per-rank epochs: this rank's batches past its own count are idle steps
     state.report = report.ReportFeed.agreed([row[1] for row in rows])
     head = SyncPoints(state, user, plan)
-    arguments["callbacks"] = [head] + reports + [StopVote(head)]
+    arguments["callbacks"] = [head] + user + [StopVote(head)]
     return arguments
-
-
-def _report_for_tensorboard(user_callbacks):
-    """A user's TensorBoard callback gets hetsync's scalars beside its own (a HeterogeneityReport in its log_dir),
-    unless the user added one."""
-    import tensorflow as tf
-
-    from hetsync.training.report import HeterogeneityReport
-
-    if any(isinstance(cb, HeterogeneityReport) for cb in user_callbacks):
-        return []
-    boards = [cb for cb in user_callbacks if isinstance(cb, tf.keras.callbacks.TensorBoard)]
-    return [HeterogeneityReport(boards[0].log_dir)] if boards else []

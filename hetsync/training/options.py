@@ -1,9 +1,9 @@
 """What the training layer reads from the user's callbacks and checks across ranks.
 
 Callbacks carry their own behaviour and declare it with class attributes, so this package never imports
-``keras_callbacks`` (no import circle): ``hetsync_consensus`` (keras_callbacks.Consensus: ``every``, ``at_end``),
-``hetsync_switches`` (keras_callbacks.SyncMode: ``bind(state)``, ``schedule``, ``verbose``) and
-``hetsync_per_train_step`` (keras_callbacks.Slowdown and friends: ``on_local_iteration_begin/_end``, run inside
+``hetsync.callbacks`` and ``hetsync.testing`` (no import circle): ``hetsync_consensus`` (hetsync.callbacks.ConsensusCallback: ``every``, ``at_end``),
+``hetsync_switches`` (hetsync.callbacks.SyncModeCallback: ``bind(state)``, ``schedule``, ``verbose``) and
+``hetsync_per_train_step`` (hetsync.testing.SlowdownCallback and friends: ``on_local_iteration_begin/_end``, run inside
 each train step).
 """
 import itertools

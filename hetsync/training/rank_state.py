@@ -62,10 +62,10 @@ class RankState:
         self.fit_steps = 0        # Keras steps in this fit
         self.rounds = 0           # sync points of this fit
         self.steps_since_sync = 0
-        self.hooks = []           # callbacks acting per train step (keras_callbacks.Slowdown, EmulatedCompute)
+        self.hooks = []           # callbacks acting per train step (hetsync.testing.SlowdownCallback, EmulatedComputeCallback)
         self.clock = StepClock()
         self.after_step = None    # called after the first Keras step (sync="auto": pretrace)
-        self.report = None        # training/report.py ReportFeed, when any rank has a HeterogeneityReport
+        self.report = None        # training/report.py ReportFeed, when any rank has a HeterogeneityReportCallback
 
     # -- the state ----------------------------------------------------------------------------------------------
     @property
@@ -235,7 +235,7 @@ class RankState:
         self.job.report_stop(self.position)
 
     def _averages(self, final, mid_epoch):
-        """Epoch ends average unless Consensus(every=None), and only every ``epochs``-th one; mid-epoch rounds
+        """Epoch ends average unless ConsensusCallback(every=None), and only every ``epochs``-th one; mid-epoch rounds
         always; the end round when ``at_end`` and the last sync point did not average already."""
         if final:
             average = self.at_end and (self.every is None or not self.averaged_last)

@@ -1,4 +1,4 @@
-"""``keras_callbacks.HeterogeneityReport``: what each worker does, for TensorBoard and ``hetsync report``.
+"""``hetsync.callbacks.HeterogeneityReportCallback``: what each worker does, for TensorBoard and ``hetsync report``.
 
 Place it as Horovod users place TensorBoard, on rank 0 only (``if hvd.rank() == 0: callbacks.append(...)``), or on
 every rank: either way rank 0 (the lowest rank that has one) writes every rank's records.  Every ``every_s`` seconds
@@ -21,8 +21,8 @@ taken; the others' arrive at each epoch end (and at the end of ``fit``).
 Records go to ``LOG_DIR/hetsync/rank<R>.jsonl`` (``hetsync report LOG_DIR`` turns them into a PNG and a Markdown
 summary) and to TensorBoard, in ``LOG_DIR/hetsync/rank<R>/``: scalars tagged ``hetsync/...``, the mode in force by
 name (a text summary ``hetsync/mode`` and a scalar ``hetsync/mode/<name>``: 1 while in force, 0 from a switch away,
-written when the mode changes), and the mode's counters as ``hetsync/<mode>/<counter>``.  A model trained with a
-user's ``tf.keras.callbacks.TensorBoard`` callback gets this report in that log_dir by itself.
+written when the mode changes), and the mode's counters as ``hetsync/<mode>/<counter>``.  Nothing goes to a user's
+TensorBoard unless asked: give this callback the TensorBoard callback's ``log_dir`` to see both together.
 """
 import json
 import os
@@ -48,7 +48,7 @@ def wanted_ms(callbacks):
 
 
 class ReportFeed:
-    """One rank's side of the report in one fit, on every rank when any rank has a HeterogeneityReport."""
+    """One rank's side of the report in one fit, on every rank when any rank has a HeterogeneityReportCallback."""
 
     def __init__(self, every_s, writer, rank):
         self.every_s, self.writer, self.rank = float(every_s), int(writer), int(rank)
@@ -121,7 +121,7 @@ class ReportFeed:
         return out
 
 
-class HeterogeneityReport(tf.keras.callbacks.Callback):
+class HeterogeneityReportCallback(tf.keras.callbacks.Callback):
     """Writes the heterogeneity report of every rank to ``log_dir`` (see the module docstring): on rank 0 only, as
     Horovod's TensorBoard callback, or on every rank (the lowest rank that has one writes)."""
 

@@ -1,6 +1,6 @@
 """Where a rank's time goes, step by step: compute, waiting in hetsync, sync points (sync="auto" and the report).
 
-hetsync/training/ times every train step.  *Compute* is from the step's start (an injected Slowdown included: it
+hetsync/training/ times every train step.  *Compute* is from the step's start (an injected SlowdownCallback included: it
 runs inside the step, as a slower GPU would) to the moment the gradients were ready, which the mode stamps in its
 graph (SyncAlgorithm.mark_compute_done) just before its exchange; ESync reports its round's local iterations
 itself, one sample per local iteration.  The rest of the step is *waiting in hetsync* (the exchange: Horovod's

@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
-import keras_callbacks  # noqa: E402
+import hetsync.callbacks  # noqa: E402
 
 
 def expect(fragment, **kwargs):
@@ -67,7 +67,7 @@ class Stuck(tf.keras.callbacks.Callback):
 def absent():
     model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
     model.compile(hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.01), sync="ripples-smart"), loss="mse")
-    switch = keras_callbacks.SyncMode()
+    switch = hetsync.callbacks.SyncModeCallback()
     began = time.monotonic()
     try:
         model.fit(data(), steps_per_epoch=50, epochs=1, verbose=0, callbacks=[switch, Stuck(switch)])

@@ -6,8 +6,8 @@
    plans the mode recorded, and steps w -= lr * mean gradient over their union -- gives the model every rank ended
    with.  A per-rank average of means (Horovod's rule with unequal shares), a skipped or doubled sample at a cut
    batch, or a lost micro-batch would not.
-2. **Shares follow speed.**  Every rank computes 20 ms a batch (EmulatedCompute, per sample); rank 3 is 5x slower
-   for the first 30 Keras steps, then rank 0 is (PhasedSlowdown): the plan in force before the change gives rank 3
+2. **Shares follow speed.**  Every rank computes 20 ms a batch (EmulatedComputeCallback, per sample); rank 3 is 5x slower
+   for the first 30 Keras steps, then rank 0 is (PhasedSlowdownCallback): the plan in force before the change gives rank 3
    the smallest share, the plan in force within ``replan_every + window`` updates of the change gives rank 0 the
    smallest, and rank 3's share grows back.
 3. **A rank that stops hands its share over at once.**  A second fit, in which rank 1 sets ``stop_training`` at its
@@ -32,7 +32,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
-import keras_callbacks  # noqa: E402
+import hetsync.callbacks  # noqa: E402
+import hetsync.testing  # noqa: E402
 from common import digit_images, without_autotune  # noqa: E402
 
 LR, BATCH, DIM, STEPS, EPOCHS, CHANGE_AT = 0.05, 8, 4, 20, 3, 30
@@ -113,12 +114,12 @@ def main():
     model = tf.keras.Sequential([tf.keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")])
     opt = hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(LR), sync="balanced", **OPTIONS)
     model.compile(opt, loss="mse")
-    slow = keras_callbacks.PhasedSlowdown([
-        (CHANGE_AT, keras_callbacks.Slowdown("deterministic", ranks=[3], factor=5, base_time=0.02)),
-        (1000, keras_callbacks.Slowdown("deterministic", ranks=[0], factor=5, base_time=0.02))])
-    compute = keras_callbacks.EmulatedCompute(0.02)  # every rank's per-sample compute (a GPU's), 20 ms a batch
+    slow = hetsync.testing.PhasedSlowdownCallback([
+        (CHANGE_AT, hetsync.testing.SlowdownCallback("deterministic", ranks=[3], factor=5, base_time=0.02)),
+        (1000, hetsync.testing.SlowdownCallback("deterministic", ranks=[0], factor=5, base_time=0.02))])
+    compute = hetsync.testing.EmulatedComputeCallback(0.02)  # every rank's per-sample compute (a GPU's), 20 ms a batch
     # each rank's share over time; on rank 0 only, as Horovod users place TensorBoard: rank 0 writes every rank's
-    report = [keras_callbacks.HeterogeneityReport(sys.argv[1], every_s=0.1)] if rank == 0 else []
+    report = [hetsync.callbacks.HeterogeneityReportCallback(sys.argv[1], every_s=0.1)] if rank == 0 else []
     model.fit(data, steps_per_epoch=STEPS, epochs=EPOCHS, verbose=0, callbacks=[compute, slow, *report])
     algorithm = model.optimizer._hetsync_algorithm
     history, updates = list(algorithm.history), algorithm.updates

@@ -1,7 +1,7 @@
 """Run on the emulated cluster (scripts/cluster.sh): 2 hosts x 2 ranks, host h2 CPU-throttled (tests/test_cluster.py).
 
 One Keras job as a user writes it (a model built lazily, BatchNorm, Adam, Horovod's broadcast callback, several
-epochs) passes through every sync mode: a SyncMode schedule switches at each epoch start, and one switch is
+epochs) passes through every sync mode: a SyncModeCallback schedule switches at each epoch start, and one switch is
 requested mid-epoch through the Switch Board (the live flag).  Checked on every rank:
   - the job really spans two hosts: two host names, Horovod's local_size 2, and the coordinator services (Group
     Generator, State Server, Switch Board: one gRPC server) bound to the cluster address, not loopback;
@@ -30,7 +30,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
-import keras_callbacks  # noqa: E402
+import hetsync.callbacks  # noqa: E402
 from common import digits, shard  # noqa: E402
 
 STEPS, STOPPER, STOP_AFTER = 6, 1, 6
@@ -129,7 +129,7 @@ def main():
     opt = hetsync.DistributedOptimizer(tf.keras.optimizers.Adam(0.003), sync=SCHEDULE[0])
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     model.compile(optimizer=opt, loss=loss)
-    switch = keras_callbacks.SyncMode(schedule={e: m for e, m in enumerate(SCHEDULE) if e})
+    switch = hetsync.callbacks.SyncModeCallback(schedule={e: m for e, m in enumerate(SCHEDULE) if e})
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), switch, MidEpochRequest(switch), Stop(), EpochTimes()]
     before = model.evaluate(x_test, y_test, verbose=0) if model.built else None
     history = model.fit(shard(x, y, rank, size, 32, 0), steps_per_epoch=STEPS, epochs=len(SCHEDULE), verbose=0,

@@ -22,7 +22,7 @@ Under "latest" every NAP = 1 round applies k >= 1.
    between model averages, and after every k-th batch every rank holds the same model -- at those batches only.
 3. ``model_sync_epochs=2`` (§5's periodic model sync, "every tens of epochs"): equal models at the end of epochs
    2 and 4 only, and after fit (its end averages, as epoch 5 did not).
-The drift of 2 and 3 comes from rank 3's injected delay (Slowdown, 20 ms sleep in every step), not from luck: its
+The drift of 2 and 3 comes from rank 3's injected delay (SlowdownCallback, 20 ms sleep in every step), not from luck: its
 steps group the rounds differently from the fast ranks' (one Adam update of several rounds' sum), and its last
 steps of an epoch run after the fast ranks' last, so their rounds reach rank 3's model only.
 
@@ -40,7 +40,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
-import keras_callbacks  # noqa: E402
+import hetsync.testing  # noqa: E402
 
 STEPS = 30
 
@@ -93,7 +93,7 @@ def run(late, solo):
                                        model_sync_every=None, job_epochs=False)
     model.compile(opt, loss=lambda y, p: tf.reduce_mean(p))
     deltas = Deltas()
-    slow = keras_callbacks.Slowdown("deterministic", ranks=[3], factor=3, base_time=0.01)
+    slow = hetsync.testing.SlowdownCallback("deterministic", ranks=[3], factor=3, base_time=0.01)
     model.fit(data, steps_per_epoch=STEPS, epochs=1, verbose=0, callbacks=[slow, SoloTurn(solo, late), deltas])
     return deltas.steps
 
@@ -142,7 +142,7 @@ def model_sync(every, epochs=1, sync_epochs=1):
                                        model_sync_epochs=sync_epochs, job_epochs=False)
     model.compile(opt, loss="mse")
     sums = Checksums()
-    slow = keras_callbacks.Slowdown("deterministic", ranks=[3], factor=3, base_time=0.01)
+    slow = hetsync.testing.SlowdownCallback("deterministic", ranks=[3], factor=3, base_time=0.01)
     steps = STEPS if epochs == 1 else 6
     model.fit(data, steps_per_epoch=steps, epochs=epochs, verbose=0, callbacks=[slow, sums])
     everyone = hvd_tf.allgather_object((sums.sums, sums.epoch_sums + [checksum(model)]))

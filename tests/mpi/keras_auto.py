@@ -1,15 +1,16 @@
 """Run under horovodrun -np 4: ``sync="auto"`` follows the job's heterogeneity (README "sync='auto'").
 
 Every step sleeps 20 ms of emulated compute; rank 3 is 5x slower during the middle phase only
-(keras_callbacks.PhasedSlowdown).  Checked on every rank:
+(hetsync.testing.PhasedSlowdownCallback).  Checked on every rank:
 - phase 1 (homogeneous): auto stays on allreduce;
 - phase 2: it switches to the straggler mode (esync), with evidence naming rank 3;
 - phase 3: once the slowdown has ended it switches back to allreduce ("homogeneous");
 - every rank made the same switches at the same steps, and the model reaches a loss target;
 - before any switch, the candidates' train steps (and ESync's aggregation) were already traced (``pretrace``);
   no switch traced a train step, and each traced function was reused, not traced again, when it ran.
-The heterogeneity report goes to LOGDIR (argument): every rank's records, written by rank 0 through its TensorBoard
-callback (the only one, as Horovod users place it).  Prints OK rank=R.
+The heterogeneity report goes to LOGDIR (argument): every rank's records, written by rank 0 through its report
+callback (the only one, placed as Horovod users place TensorBoard); rank 1's TensorBoard alone gets no hetsync
+scalars.  Prints OK rank=R.
 """
 import os
 import sys
@@ -23,7 +24,8 @@ import horovod.tensorflow.keras as hvd  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
-import keras_callbacks  # noqa: E402
+import hetsync.callbacks  # noqa: E402
+import hetsync.testing  # noqa: E402
 from common import shard, task  # noqa: E402
 
 COMPUTE, SLOW, FACTOR = 0.02, 3, 5
@@ -54,20 +56,26 @@ def main():
     opt = hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.05, momentum=0.9), sync="auto", window=1.5,
                                        settle=0.5, min_interval=1.5)
     model.compile(opt, loss=loss, metrics=metrics)
-    slow = keras_callbacks.Slowdown("deterministic", ranks=[SLOW], factor=FACTOR, base_time=COMPUTE)
-    phased = keras_callbacks.PhasedSlowdown([(PHASES[0], None), (PHASES[1], slow), (PHASES[2], None)])
+    slow = hetsync.testing.SlowdownCallback("deterministic", ranks=[SLOW], factor=FACTOR, base_time=COMPUTE)
+    phased = hetsync.testing.PhasedSlowdownCallback([(PHASES[0], None), (PHASES[1], slow), (PHASES[2], None)])
     traced = Traced()
-    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), keras_callbacks.EmulatedCompute(COMPUTE), phased,
+    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hetsync.testing.EmulatedComputeCallback(COMPUTE), phased,
                  traced]
-    if rank == 0:
+    if rank == 0:  # the report asked for, beside the user's TensorBoard
         callbacks.append(tf.keras.callbacks.TensorBoard(log_dir=logdir, update_freq="epoch"))
+        callbacks.append(hetsync.callbacks.HeterogeneityReportCallback(logdir))
         from hetsync.report import write_phases  # the injected slowdown, for `hetsync report` to hatch
 
         write_phases(logdir, [(PHASES[0], PHASES[0] + PHASES[1], f"rank {SLOW} {FACTOR}x slower")])
-    # (the TensorBoard callback on rank 0 only, as Horovod users place it: hetsync's report beside it writes every
-    # rank's records; the other ranks have no report callback)
+    if rank == 1:  # a TensorBoard callback alone gets nothing of hetsync's (scalars only when asked)
+        callbacks.append(tf.keras.callbacks.TensorBoard(log_dir=os.path.join(logdir, "rank1-board"),
+                                                        update_freq="epoch"))
+    # (the report on rank 0 only, as Horovod users place TensorBoard: it writes every rank's records; the other
+    # ranks have no report callback)
     model.fit(shard(x, y, rank, size, 32, 0), steps_per_epoch=50, epochs=sum(PHASES) // 50, callbacks=callbacks,
               verbose=0)
+    if rank == 1:
+        assert not os.path.exists(os.path.join(logdir, "rank1-board", "hetsync")), "unasked hetsync scalars"
     history = model.optimizer._hetsync_family.history
     summary = [(h["from"], h["to"], h["position"]) for h in history]
     everyone = hvd_tf.allgather_object(summary)

@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
-import keras_callbacks  # noqa: E402
+import hetsync.testing  # noqa: E402
 from common import shard, task  # noqa: E402
 
 SLOW, FACTOR, BASE = 3, 5, 0.04
@@ -171,8 +171,8 @@ def run(variant):
     first_query = spy_first_query(algo, in_flight)
     lockstep = Lockstep()
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
-                 keras_callbacks.Slowdown("deterministic", ranks=[SLOW], factor=FACTOR, base_time=BASE),
-                 keras_callbacks.EmulatedCompute(BASE), lockstep, in_flight]
+                 hetsync.testing.SlowdownCallback("deterministic", ranks=[SLOW], factor=FACTOR, base_time=BASE),
+                 hetsync.testing.EmulatedComputeCallback(BASE), lockstep, in_flight]
     epochs = 1 if variant == "abort" else 2
     t0 = time.monotonic()
     model.fit(shard(x, y, rank, size, 32, 0), steps_per_epoch=12, epochs=epochs, callbacks=callbacks, verbose=0)

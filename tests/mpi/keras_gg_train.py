@@ -26,7 +26,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
-import keras_callbacks  # noqa: E402
+import hetsync.callbacks  # noqa: E402
+import hetsync.testing  # noqa: E402
 from common import digits, shard  # noqa: E402
 
 SLOW = 3
@@ -108,8 +109,8 @@ def main():
     steps = 80 if rank == SLOW else 160
     probe = ProgressProbe(opt._hetsync_algorithm, steps)
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
-                 keras_callbacks.Slowdown("deterministic", ranks=[SLOW], factor=10, base_time=0.01),
-                 probe, keras_callbacks.Consensus(every=None)]
+                 hetsync.testing.SlowdownCallback("deterministic", ranks=[SLOW], factor=10, base_time=0.01),
+                 probe, hetsync.callbacks.ConsensusCallback(every=None)]
     m.fit(shard(x, y, rank, size, 32, 0), steps_per_epoch=steps, epochs=1, verbose=0, callbacks=callbacks)
     final = m.evaluate(xt, yt, verbose=0, return_dict=True)
     flat = np.concatenate([w.ravel() for w in m.get_weights()])

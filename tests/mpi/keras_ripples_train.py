@@ -12,7 +12,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
-import keras_callbacks  # noqa: E402
+import hetsync.callbacks  # noqa: E402
 from common import digits, shard  # noqa: E402
 
 
@@ -31,7 +31,7 @@ def train(rank, size, steps, node_size, target):
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     m.compile(optimizer=opt, loss=loss, metrics=["accuracy"])
     initial = m.evaluate(xt, yt, verbose=0, return_dict=True)["loss"]
-    consensus = keras_callbacks.Consensus(every=None)
+    consensus = hetsync.callbacks.ConsensusCallback(every=None)
     m.fit(shard(x, y, rank, size, 32, 0), steps_per_epoch=steps, epochs=1, verbose=0,
           callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), consensus])
     final = m.evaluate(xt, yt, verbose=0, return_dict=True)

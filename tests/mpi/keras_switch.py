@@ -1,7 +1,7 @@
 """Run under horovodrun -np 4: live sync-mode switches in Keras' fit, rank 3 5x slower (README "Switching").
 
 Scenario ``pairs`` (arguments: modes, default every registered one; then the route, ``pairs`` or ``cycle``):
-- part 1, at epoch ends: a SyncMode schedule walks the route -- ``pairs``: an Eulerian circuit of the complete
+- part 1, at epoch ends: a SyncModeCallback schedule walks the route -- ``pairs``: an Eulerian circuit of the complete
   directed graph on the modes, so every ordered pair (a, b) switches once (``make test-full``); ``cycle``: a cycle
   through the modes, so every mode is switched into and out of once (``make test``) --, each switch at an epoch
   start;
@@ -37,7 +37,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
-import keras_callbacks  # noqa: E402
+import hetsync.callbacks  # noqa: E402
+import hetsync.testing  # noqa: E402
 from common import shard, task  # noqa: E402
 
 SLOW, FACTOR, BASE = 3, 5, 0.004
@@ -181,13 +182,13 @@ def main():
     model.compile(opt, loss=loss, metrics=metrics)
     part1 = len(route) - 1
     schedule = {e: route[e] for e in range(1, part1 + 1)}  # epoch e starts with route[e]: every pair, at epoch ends
-    switch = keras_callbacks.SyncMode(schedule=schedule)
+    switch = hetsync.callbacks.SyncModeCallback(schedule=schedule)
     checks = Checks(switch, route, part1)
     # an upper bound (Checks stops the fit once the last switch is done): a mid-epoch switch takes GAP steps plus
     # the negotiation, a few steps while the slow rank catches up ("superseded" until it has applied the last one)
     steps = STEPS_PER_EPOCH[walk]
     epochs = part1 + 1 + (len(route) + 2) * (GAP + 10) // steps
-    slow = keras_callbacks.Slowdown("deterministic", ranks=[SLOW], factor=FACTOR, base_time=BASE)
+    slow = hetsync.testing.SlowdownCallback("deterministic", ranks=[SLOW], factor=FACTOR, base_time=BASE)
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), switch, slow, checks]
     model.fit(shard(x, y, rank, size, 32, 0), steps_per_epoch=steps, epochs=epochs,
               callbacks=callbacks, verbose=0)
@@ -263,9 +264,9 @@ def warmup_boundary(x, y, x_test, y_test, loss):
     model = tf.keras.Sequential([tf.keras.layers.Dense(64, activation="relu"), tf.keras.layers.Dense(10)])  # lazy
     opt = hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.05, momentum=0.9), sync="esync")
     model.compile(opt, loss=loss, metrics=["accuracy"])
-    switch = keras_callbacks.SyncMode()
+    switch = hetsync.callbacks.SyncModeCallback()
     checks = WarmupChecks(switch)
-    slow = keras_callbacks.Slowdown("deterministic", ranks=[SLOW], factor=FACTOR, base_time=BASE)
+    slow = hetsync.testing.SlowdownCallback("deterministic", ranks=[SLOW], factor=FACTOR, base_time=BASE)
     model.fit(shard(x, y, rank, size, 32, 0), steps_per_epoch=200, epochs=1, verbose=0,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), switch, slow, checks])
     assert [h["to"] for h in switch.history] == ["od-sgd"], switch.history

@@ -22,9 +22,9 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
-from keras_callbacks import Consensus  # noqa: E402
+from hetsync.callbacks import ConsensusCallback  # noqa: E402
 
-NO_AVERAGE = [Consensus(every=None, at_end=False)]  # the groups' own averages, not the consensus
+NO_AVERAGE = [ConsensusCallback(every=None, at_end=False)]  # the groups' own averages, not the consensus
 from hetsync.algorithms.horovod_kwargs import HorovodKwargWarning  # noqa: E402
 
 

@@ -24,7 +24,7 @@ import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
 import hetsync.training  # noqa: E402
-import keras_callbacks  # noqa: E402
+import hetsync.testing  # noqa: E402
 from hetsync import algorithms  # noqa: E402
 from common import digit_images, without_autotune  # noqa: E402
 
@@ -91,7 +91,7 @@ def main():
                       optimizer=hetsync.DistributedOptimizer(tf.keras.optimizers.Adam(0.004), sync=mode))
         budget, user = Budget(1.0 + 0.3 * rank), UserAllreduce()
         callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
-                     keras_callbacks.Slowdown("deterministic", ranks=[3], factor=5.0, base_time=0.005), budget, user]
+                     hetsync.testing.SlowdownCallback("deterministic", ranks=[3], factor=5.0, base_time=0.005), budget, user]
         before = hetsync.training.position()
         model.fit(ds, steps_per_epoch=100000, epochs=1, callbacks=callbacks, verbose=0)
         late = budget.end - budget.stopped_at

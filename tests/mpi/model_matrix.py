@@ -32,7 +32,7 @@ import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
 import hetsync.training  # noqa: E402
-import keras_callbacks  # noqa: E402
+import hetsync.testing  # noqa: E402
 from hetsync import algorithms  # noqa: E402
 from common import digit_images, without_autotune  # noqa: E402
 
@@ -71,7 +71,7 @@ def callbacks_for(lr):
             # momentum, in plain Horovod too)
             hvd.callbacks.LearningRateScheduleCallback(initial_lr=lr, multiplier=lambda e: 0.5, start_epoch=1,
                                                        momentum_correction=False),
-            keras_callbacks.Slowdown("deterministic", ranks=[3], factor=2.0, base_time=0.01)]
+            hetsync.testing.SlowdownCallback("deterministic", ranks=[3], factor=2.0, base_time=0.01)]
 
 
 def fit(model, opt, ds, probe, mode, steps_per_epoch=STEPS, what=""):

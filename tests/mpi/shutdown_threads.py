@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
-import keras_callbacks  # noqa: E402
+import hetsync.callbacks  # noqa: E402
 from hetsync import _runtime  # noqa: E402
 
 
@@ -55,7 +55,7 @@ def main():
     pretrace_leaves_the_mode_in_force(x, y)
     model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
     model.compile(hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.01), sync="ripples-smart"), loss="mse")
-    switch = keras_callbacks.SyncMode(schedule={1: "esync"}, verbose=False)
+    switch = hetsync.callbacks.SyncModeCallback(schedule={1: "esync"}, verbose=False)
     model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[switch])
     assert [h["to"] for h in switch.history] == ["esync"], switch.history
     assert "hetsync-gg-away" in hetsync_threads(), hetsync_threads()

@@ -35,7 +35,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
-import keras_callbacks  # noqa: E402
+import hetsync.callbacks  # noqa: E402
+import hetsync.testing  # noqa: E402
 from hetsync.algorithms import register  # noqa: E402
 from hetsync.algorithms.allreduce import HorovodAllreduce  # noqa: E402
 from keras_switch import circuit  # noqa: E402
@@ -124,9 +125,9 @@ def main():
     opt = hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(LR), sync=route[0], job_epochs=False,
                                        backward_passes_per_step=PASSES)
     model.compile(opt, loss=lambda y, p: tf.reduce_mean(p))
-    switch = keras_callbacks.SyncMode()
+    switch = hetsync.callbacks.SyncModeCallback()
     router = Route(switch, route)
-    slow = keras_callbacks.Slowdown("deterministic", ranks=[SLOW], factor=3, base_time=0.004)
+    slow = hetsync.testing.SlowdownCallback("deterministic", ranks=[SLOW], factor=3, base_time=0.004)
     epochs = (len(route) + 4) * (GAP + 6) // STEPS_PER_EPOCH
     model.fit(data, steps_per_epoch=STEPS_PER_EPOCH, epochs=epochs, verbose=0,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), switch, slow, router])

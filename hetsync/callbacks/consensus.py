@@ -1,4 +1,4 @@
-"""``keras_callbacks.Consensus``: how often decentralized training averages its workers' models.
+"""``hetsync.callbacks.ConsensusCallback``: how often decentralized training averages its workers' models.
 
 Optional.  Without it, hetsync already ends every epoch and every ``fit`` with one model on every rank: the sync
 points of hetsync/training/ run for every model compiled with a ``hetsync.DistributedOptimizer``.  This callback
@@ -8,7 +8,7 @@ with the wrong rounds on other ranks).
 import tensorflow as tf
 
 
-class Consensus(tf.keras.callbacks.Callback):
+class ConsensusCallback(tf.keras.callbacks.Callback):
     """Schedule of the consensus rounds (Horovod averages of all workers' models).
 
     Args:

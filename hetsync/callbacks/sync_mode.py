@@ -1,6 +1,6 @@
-"""``keras_callbacks.SyncMode``: change the sync mode while ``Model.fit`` runs (README "Switching").
+"""``hetsync.callbacks.SyncModeCallback``: change the sync mode while ``Model.fit`` runs (README "Switching").
 
-    switch = keras_callbacks.SyncMode(schedule={0: "allreduce", 3: ("ripples-smart", {"group_size": 3})})
+    switch = hetsync.callbacks.SyncModeCallback(schedule={0: "allreduce", 3: ("ripples-smart", {"group_size": 3})})
     model.fit(..., callbacks=[..., switch])
     switch.request("eager-solo")      # the flag: from any callback or thread, on any rank
 
@@ -19,7 +19,7 @@ import tensorflow as tf
 log = logging.getLogger("hetsync.callbacks")
 
 
-class SyncMode(tf.keras.callbacks.Callback):
+class SyncModeCallback(tf.keras.callbacks.Callback):
     """Live sync-mode switches: a per-epoch ``schedule`` and ``request(mode, **options)``, the flag.
 
     Args:

@@ -70,14 +70,17 @@ def _rank_size():
     return hvd.rank(), hvd.size()
 
 
-class Slowdown(_PerIteration):
-    """Makes some workers slower, per batch, the way the papers do.  See the module docstring for the modes."""
+class SlowdownCallback(_PerIteration):
+    """Makes some workers slower, per batch, the way the papers do.  See the module docstring for the modes.
 
-    def __init__(self, mode="deterministic", ranks=(0,), factor=5.0, probability=None, delay_range=(0.05, 0.4),
+    ``"deterministic"`` slows the ``ranks`` it is given (none by default) or every rank by its entry of ``factors``.
+    """
+
+    def __init__(self, mode="deterministic", ranks=(), factor=5.0, probability=None, delay_range=(0.05, 0.4),
                  base_time=None, warmup=5, seed=0, rank=None, size=None, factors=None):
         super().__init__()
         if mode not in MODES:
-            raise ValueError(f"unknown Slowdown mode {mode!r}; valid modes: {', '.join(MODES)}")
+            raise ValueError(f"unknown SlowdownCallback mode {mode!r}; valid modes: {', '.join(MODES)}")
         if factor < 1:
             raise ValueError(f"factor must be >= 1 (1 = not slowed), got {factor}")
         if probability is not None and not 0 <= probability <= 1:
@@ -91,7 +94,7 @@ class Slowdown(_PerIteration):
             rank, size = _rank_size()
         bad = [r for r in ranks if not 0 <= r < size]
         if bad:
-            raise ValueError(f"Slowdown ranks {bad} out of range for {size} workers")
+            raise ValueError(f"SlowdownCallback ranks {bad} out of range for {size} workers")
         if factors is not None:
             if mode != "deterministic" or len(factors) != size or min(factors) < 1:
                 raise ValueError(f"factors needs mode 'deterministic' and one factor >= 1 per rank ({size}), "
@@ -151,12 +154,12 @@ class Slowdown(_PerIteration):
         self._step += 1
 
 
-class EmulatedCompute(_PerIteration):
+class EmulatedComputeCallback(_PerIteration):
     """Adds a fixed sleep to every step of every worker, standing for model compute the machine does not have.
 
     Benchmarks use it so that 8 workers fit on 2 CPU cores: most of a step is this sleep, so ranks do not fight for
     cores, while the real model's forward/backward still runs in the step.  Its time counts as compute, so a
-    Slowdown's ``base_time`` should include it.
+    SlowdownCallback's ``base_time`` should include it.
     """
 
     def __init__(self, seconds):
@@ -164,7 +167,7 @@ class EmulatedCompute(_PerIteration):
         if seconds < 0:
             raise ValueError(f"seconds must be >= 0, got {seconds}")
         self.seconds = seconds
-        self.per_local_iteration = False  # set by hetsync's fit hook (see Slowdown.on_local_iteration_begin)
+        self.per_local_iteration = False  # set by hetsync's fit hook (see SlowdownCallback.on_local_iteration_begin)
 
     def on_local_iteration_begin(self, work=1.0):
         if self.seconds:
@@ -172,12 +175,12 @@ class EmulatedCompute(_PerIteration):
             time.sleep(self.seconds * work)
 
 
-class PhasedSlowdown(_PerIteration):
-    """A heterogeneity that changes during the job: ``phases`` = [(steps, Slowdown or None), ...].
+class PhasedSlowdownCallback(_PerIteration):
+    """A heterogeneity that changes during the job: ``phases`` = [(steps, SlowdownCallback or None), ...].
 
     Phase i lasts ``steps`` Keras steps of the job (hetsync's step count, the same on every rank), or with
     ``unit="seconds"`` that many seconds since this rank's ``fit`` began (the environment changes in time, whatever
-    the method does); the last phase lasts to the end.  None is a homogeneous phase.  Each Slowdown keeps its own
+    the method does); the last phase lasts to the end.  None is a homogeneous phase.  Each SlowdownCallback keeps its own
     RNG and step count.  ``phase_at(x)`` says which phase a step (or second) is in.
     """
 
@@ -186,11 +189,11 @@ class PhasedSlowdown(_PerIteration):
         if unit not in ("steps", "seconds"):
             raise ValueError(f"unit must be 'steps' or 'seconds', got {unit!r}")
         if not phases:
-            raise ValueError("phases must be a non-empty list of (length, Slowdown or None)")
+            raise ValueError("phases must be a non-empty list of (length, SlowdownCallback or None)")
         for length, slowdown in phases:
             if not isinstance(length, (int, float)) or isinstance(length, bool) or length <= 0 \
-                    or not (slowdown is None or isinstance(slowdown, Slowdown)):
-                raise ValueError(f"each phase is (length > 0, Slowdown or None), got {(length, slowdown)!r}")
+                    or not (slowdown is None or isinstance(slowdown, SlowdownCallback)):
+                raise ValueError(f"each phase is (length > 0, SlowdownCallback or None), got {(length, slowdown)!r}")
         self.phases, self.unit = list(phases), unit
         self._began = None
         self.per_local_iteration = False
