@@ -37,6 +37,7 @@ import horovod.tensorflow as hvd_tf  # noqa: E402
 import horovod.tensorflow.keras as hvd  # noqa: E402
 
 import hetsync  # noqa: E402
+import hetsync.keras  # noqa: E402
 import hetsync.training  # noqa: E402
 import hetsync.callbacks  # noqa: E402
 import hetsync.testing  # noqa: E402
@@ -300,11 +301,11 @@ def train(args):
     verbose = 1 if rank == 0 and sys.stdout.isatty() else 0
 
     t0 = time.time()
-    history = model.fit(dataset, steps_per_epoch=steps, callbacks=callbacks, epochs=args.epochs, verbose=verbose,
+    history = hetsync.keras.fit(model, dataset, steps_per_epoch=steps, callbacks=callbacks, epochs=args.epochs, verbose=verbose,
                         validation_data=(xt, yt))
     epochs_run = len(history.history.get("loss", []))
     if args.refit:  # fit again afterwards: a fresh round of every guarantee
-        model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0,
+        hetsync.keras.fit(model, dataset, steps_per_epoch=steps, epochs=1, verbose=0,
                   callbacks=[hvd.callbacks.MetricAverageCallback()] + consensus_callback(args.consensus))
     train_time = time.time() - t0
 

@@ -23,6 +23,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
+import hetsync.keras  # noqa: E402
 import hetsync.callbacks  # noqa: E402
 import hetsync.testing  # noqa: E402
 from common import EvalLogger, shard, task  # noqa: E402
@@ -128,7 +129,7 @@ def main(argv=None):
                            print_every=max(steps // 4, 1) if rank == 0 else 0, total=steps)
     callbacks += [evaluator, hetsync.callbacks.ConsensusCallback(every=None)]
 
-    model.fit(shard(x_train, y_train, rank, size, args.batch_size, args.seed), steps_per_epoch=steps, epochs=1,
+    hetsync.keras.fit(model, shard(x_train, y_train, rank, size, args.batch_size, args.seed), steps_per_epoch=steps, epochs=1,
               callbacks=callbacks, verbose=0)
     train_time = evaluator.last_step_time or (time.time() - t0)  # this worker's own steps, not the final wait
     result = model.evaluate(x_test, y_test, verbose=0, return_dict=True)

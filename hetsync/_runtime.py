@@ -12,10 +12,10 @@ from hetsync.algorithms.options import Option, check_all
 _STATE = {"initialized": False, "timeout": None, "services": None}
 
 DEFAULT_TIMEOUT_S = env.VARS["HETSYNC_TIMEOUT"].default  # 120 s
-# How long a failing process gives its peers' engines to hear that they must stop calling MPI before its exit
-# shuts Horovod down (and every rank's Horovod finalizes MPI): a peer hears it within a progress-loop tick (<= 1 ms
-# when idle; longer on an oversubscribed machine).
-ABORT_WAIT_S = 0.5
+# How long a failing process waits for its peers' engines to answer that they stopped calling MPI, before its exit
+# shuts Horovod down (and every rank's Horovod finalizes MPI): a peer answers within a progress-loop tick (<= 1 ms
+# when idle; longer on an oversubscribed machine); the wait ends early once every peer answered.
+ABORT_WAIT_S = 10.0
 # Each default is its environment variable's (hetsync/env.py), used when the argument is None.
 INIT_OPTIONS = {
     "timeout": Option(DEFAULT_TIMEOUT_S, "number", minimum=0, above=True,
@@ -95,9 +95,6 @@ def init(timeout=None, comm_cache_size=None, away_after=None):
     from hetsync.coordinator.services import JobServices
 
     _STATE["services"] = JobServices(hvd, timeout)
-    from hetsync import training
-
-    training.install()
     _at_exit(shutdown)
 
 

@@ -154,9 +154,9 @@ def engine_shutdown(drain=True):
     _lib.hetsync_engine_shutdown(drain=bool(drain))
 
 
-def engine_abort(wait_s=0.5):
+def engine_abort(wait_s=10.0):
     """This process is ending with an uncaught exception: stops the engine and tells every peer's engine to stop
-    calling MPI, then gives them ``wait_s`` to hear it (docs/engine.md, "Who finalizes MPI").  Idempotent."""
+    calling MPI, waiting up to ``wait_s`` for their answers (docs/engine.md, "Who finalizes MPI").  Idempotent."""
     _clib.hetsync_engine_abort(float(wait_s))
 
 

@@ -49,7 +49,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
       After a live switch (hetsync.callbacks.SyncModeCallback, or auto) ``model.optimizer`` is the mode's optimizer in force,
       holding the same state.
     """
-    from hetsync import compat, training
+    from hetsync import compat
     from hetsync.switching import Family
     from hetsync.training import options as agreement
 
@@ -74,7 +74,6 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     agreement.agree_or_raise("hetsync.DistributedOptimizer", error,
                              agreement.fingerprint({"sync": sync, "options": {**hvd_kwargs, **options,
                                                                               "job_epochs": job_epochs}}))
-    training.install()  # job epochs, sync points, idle ranks and the agreed stop, for every mode
     if sync != "auto":
         return Family(optimizer, hvd_kwargs, job_epochs=own["job_epochs"]).start(sync, mode_options)
     return _auto(optimizer, hvd_kwargs, auto, own["job_epochs"])

@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from hetsync import algorithms
 from hetsync.algorithms import horovod_kwargs
+from hetsync.training import front_door
 
 log = logging.getLogger("hetsync.switching")
 
@@ -118,6 +119,7 @@ class Family:
             for ref in self.local_vars:
                 entry.register(ref.deref())
             optimizer.register_local_var = self.register_local_var
+            front_door.guard(optimizer, algorithm)  # plain model.fit refused (hetsync.keras.fit is the way)
         return self.entries[key]
 
     def register_local_var(self, var):

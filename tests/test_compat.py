@@ -90,27 +90,39 @@ def test_refusals_name_what_is_not_supported(monkeypatch):
     # sync="auto" in a custom loop; DistributedGradientTape in one
     family = types.SimpleNamespace(auto={"candidates": {}})
     assert "not supported in custom loops" in compat.loop_problem(types.SimpleNamespace(_hetsync_family=family))
-    from hetsync.training import loop
+    # hvd.DistributedGradientTape's gradients are recognized in a traced step (front_door reads the graph), a plain
+    # tape's are not; in a job_steps loop an own-pace mode refuses them, a gradient-allreducing mode warns once
+    from hetsync.training import front_door
 
-    compat.guard_gradient_tape()
+    hvd.init()
     x = tf.Variable(2.0)
-    try:
-        for mode, refused in (("hop", True), ("esync", True), ("allreduce", False), ("od-sgd", False)):
-            loop._LOOP["active"] = types.SimpleNamespace(algorithm=algorithms.create(mode))
-            compat._TAPE["warned"] = False
-            with tf.GradientTape() as tape:
-                y = x * x
+
+    def gradients(horovod_tape):
+        with tf.GradientTape() as tape:
+            y = x * x
+        if horovod_tape:
             tape = hvd.DistributedGradientTape(tape)
-            if refused:
-                with pytest.raises(ValueError, match=f"DistributedGradientTape is not supported by sync={mode!r}"):
-                    tape.gradient(y, [x])
-            else:
-                with warnings.catch_warnings(record=True) as caught:
-                    warnings.simplefilter("always")
-                    assert compat.tape_problem() is None
-                assert "allreduced twice" in str(caught[0].message)
-    finally:
-        loop._LOOP["active"] = None
+        return tape.gradient(y, [x])
+
+    found = {}
+
+    @tf.function
+    def step():
+        for horovod_tape in (True, False):
+            found[horovod_tape] = front_door.horovod_tape_gradients(gradients(horovod_tape))
+        return tf.constant(0)
+
+    step()
+    assert found == {True: True, False: False}, found
+    for mode, refused in (("hop", True), ("esync", True), ("allreduce", False), ("od-sgd", False)):
+        compat._TAPE["warned"] = False
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            problem = compat.tape_problem(algorithms.create(mode))
+        if refused:
+            assert f"DistributedGradientTape is not supported by sync={mode!r}" in problem
+        else:
+            assert problem is None and "allreduced twice" in str(caught[0].message)
     # hvd.load_model's optimizer (Horovod's own) in a hetsync process: one warning
     horovod_opt = type("DistributedSGD", (), {"_allreduce": None, "__module__": "horovod._keras"})()
     monkeypatch.setattr(_runtime, "is_initialized", lambda: True)

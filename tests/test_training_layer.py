@@ -18,14 +18,22 @@ from conftest import assert_passed, mpi_env, run_together
 
 @pytest.fixture(scope="module")
 def job():
-    """The three scripts one after another in one 4-rank job (tests/mpi/together.py).  The custom loops run last:
+    """The four scripts one after another in one 4-rank job (tests/mpi/together.py).  The custom loops run last:
     after them, a later script's fit hangs past its agreed stop (a known fault of a second hetsync.init() in one
     process after job_steps with per-rank stops, docs/limitations.md)."""
-    runs = [["long-epoch", "tests/mpi/long_epoch.py"], ["model-matrix", "tests/mpi/model_matrix.py"],
+    runs = [["front-doors", "tests/mpi/front_doors.py"], ["long-epoch", "tests/mpi/long_epoch.py"],
+            ["model-matrix", "tests/mpi/model_matrix.py"],
             ["custom-loops", "tests/mpi/custom_loops.py"]]
     proc = run_together(4, runs, timeout=1200, env=mpi_env(HETSYNC_TIMEOUT=60))
     assert "stall" not in proc.stdout.lower(), proc.stdout[-6000:]
     return proc
+
+
+def test_plain_fit_of_a_hetsync_model_is_refused_and_a_plain_horovod_model_trains_beside_it(job):
+    """Plain model.fit of a hetsync model: a ValueError naming hetsync.keras.fit on every rank, before and after a
+    hetsync.keras.fit that trains it; a Horovod model in the same process trains with its own model.fit, and
+    nothing of Keras is replaced (tests/mpi/front_doors.py)."""
+    assert_passed(job, "front-doors", 4)
 
 
 def test_horovod_tf2_loop_in_every_mode_with_a_slow_rank_uneven_shards_and_stops(job):

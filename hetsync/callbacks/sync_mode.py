@@ -1,7 +1,7 @@
-"""``hetsync.callbacks.SyncModeCallback``: change the sync mode while ``Model.fit`` runs (README "Switching").
+"""``hetsync.callbacks.SyncModeCallback``: change the sync mode while ``hetsync.keras.fit`` runs (README "Switching").
 
     switch = hetsync.callbacks.SyncModeCallback(schedule={0: "allreduce", 3: ("ripples-smart", {"group_size": 3})})
-    model.fit(..., callbacks=[..., switch])
+    hetsync.keras.fit(model, ..., callbacks=[..., switch])
     switch.request("eager-solo")      # the flag: from any callback or thread, on any rank
 
 Pass it on every rank, as Horovod's callbacks are (a rank without it would never hear of a switch: ``fit`` raises a

@@ -10,7 +10,7 @@ names a test that does not exist).  A cell is:
 * ``untested``: expected to work (the note says why) but no test here shows it.
 
 The checks behind the "refused" and "warned" cells live here too (:func:`fit_problem`, :func:`call_problem`,
-:func:`runtime_problem`, :func:`guard_gradient_tape`, ...), called from the places that refuse.
+:func:`runtime_problem`, :func:`tape_problem`, ...), called from the places that refuse.
 """
 from hetsync.compat.checks import (  # noqa: F401
     _LOADED,
@@ -18,7 +18,6 @@ from hetsync.compat.checks import (  # noqa: F401
     call_problem,
     fit_modes,
     fit_problem,
-    guard_gradient_tape,
     horovod_optimizer_warning,
     keras_problem,
     keras_version,

@@ -126,14 +126,9 @@ def loop_problem(optimizer):
 _TAPE = {"warned": False}
 
 
-def tape_problem():
-    """Inside a ``hetsync.job_steps`` loop, the refusal of ``hvd.DistributedGradientTape`` (a string), or None."""
-    from hetsync.training import loop
-
-    steps = loop._LOOP["active"]
-    if steps is None:
-        return None
-    algorithm = steps.algorithm
+def tape_problem(algorithm):
+    """``hvd.DistributedGradientTape`` in a ``hetsync.job_steps`` loop of ``algorithm``'s mode: the refusal (a
+    string), or None after one warning on rank 0 in a mode that allreduces gradients anyway."""
     if algorithm.HOROVOD_PASSTHROUGH:
         if not _TAPE["warned"]:
             _TAPE["warned"] = True
@@ -142,34 +137,11 @@ def tape_problem():
             if _is_rank0():
                 warnings.warn(f"hvd.DistributedGradientTape in a hetsync.job_steps loop with sync={algorithm.name!r}: "
                               "the gradients are allreduced twice (by the tape, then by the optimizer); use a plain "
-                              "tf.GradientTape", UserWarning, stacklevel=4)
+                              "tf.GradientTape", UserWarning, stacklevel=5)
         return None
     return (f"hvd.DistributedGradientTape is not supported by sync={algorithm.name!r}: it allreduces every step's "
             "gradients over all ranks, and ranks stepping at their own pace never pair those allreduces (a hang); "
             "the mode exchanges through the optimizer: use a plain tf.GradientTape")
-
-
-def guard_gradient_tape():
-    """Makes ``hvd.DistributedGradientTape(...).gradient`` check :func:`tape_problem` (idempotent).  Horovod copies
-    its tape class's methods into each tape it makes, so tapes made from now on are checked."""
-    try:
-        import horovod.tensorflow as hvd_tf
-    except ImportError:  # pragma: no cover
-        return
-    cls = getattr(hvd_tf, "_DistributedGradientTape", None)
-    if cls is None or getattr(cls.__dict__.get("gradient"), "_hetsync_guard", False):
-        return
-    original = cls.__dict__["gradient"]
-
-    def gradient(self, *args, **kwargs):
-        problem = tape_problem()
-        if problem:
-            raise ValueError(problem)
-        return original(self, *args, **kwargs)
-
-    gradient._hetsync_guard = True
-    gradient.__doc__ = original.__doc__
-    cls.gradient = gradient
 
 
 _LOADED = {"warned": False}

@@ -159,8 +159,9 @@ ROWS = [
                              "loops"),
          "auto": refused("ValueError at job_steps: auto switches inside Model.fit only", "refusals")}),
     Row("DistributedGradientTape", "feature", "`hvd.DistributedGradientTape(tape)` in a `hetsync.job_steps` loop",
-        {"*": refused("ValueError when the tape's gradient is traced: it allreduces every step's gradients over all "
-                      "ranks, which ranks stepping at their own pace never pair; use a plain tf.GradientTape",
+        {"*": refused("ValueError at the optimizer's apply_gradients when the step is traced (tf.function, as in "
+                      "Horovod's TF2 example; an eager loop is not checked): it allreduces every step's gradients "
+                      "over all ranks, which ranks stepping at their own pace never pair; use a plain tf.GradientTape",
                       "mpi_compat"),
          "allreduce": warned("gradients would be allreduced twice (the tape, then the optimizer): one warning; use "
                              "a plain tf.GradientTape", "mpi_compat"),
@@ -190,7 +191,7 @@ ROWS = [
                                "average on the host; no GPU in this project's tests")}),
     Row("Keras 3", "feature", "TensorFlow >= 2.16 with Keras 3 as `tf.keras`",
         {"*": refused("ValueError at hetsync.DistributedOptimizer: \"Keras 3 ... is not supported\" (hetsync, like "
-                      "Horovod 0.28, wraps tf.keras 2 optimizers and Model.fit)", "refusals")}),
+                      "Horovod 0.28, wraps tf.keras 2 optimizers and runs Model.fit)", "refusals")}),
 ]
 
 

@@ -4,15 +4,15 @@
   idle steps, sync points, the agreed stop.  The single home of the absent-rank rule.
 * job_epochs.py -- job epochs: an epoch is the job's ``sum(steps_per_epoch)`` train steps, shared by speed, with
   every rank running the same Keras steps (coordinator/job_clock.py holds the count).
-* callbacks.py -- SyncPoints and StopVote, Keras' face of the state machine; keras_fit.py -- the ``Model.fit``
-  wrapper that plans each fit's epochs and adds them.
+* callbacks.py -- SyncPoints and StopVote, Keras' face of the state machine; keras_fit.py -- ``hetsync.keras.fit``,
+  which plans each fit's epochs and adds them; front_door.py -- which front door a train step came through (plain
+  ``model.fit`` of a hetsync model is refused; ``hvd.DistributedGradientTape`` in a loop of an own-pace mode too).
 * options.py -- what the user's callbacks declare, and checks that every rank passed the same.
 * consensus.py -- the weighted Horovod average of the models at a sync point (and ``hetsync.consensus``).
 * step_clock.py -- compute and waiting time per step (sync="auto", the report).
 * loop.py -- custom training loops: ``hetsync.job_steps``.
 * report.py -- the heterogeneity report callback.
 """
-from hetsync.training.keras_fit import install, uninstall
 from hetsync.training.rank_state import last_rounds, position
 
-__all__ = ["install", "uninstall", "position", "last_rounds"]
+__all__ = ["position", "last_rounds"]

@@ -11,6 +11,8 @@ import time
 
 import tensorflow as tf
 
+from hetsync.training import front_door
+
 
 def _hvd():
     import horovod.tensorflow as hvd
@@ -133,6 +135,22 @@ class SyncPoints(tf.keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         self.state.end_fit()
+        self._leave_train_function()
+
+    def _leave_train_function(self):
+        """Between fits the model keeps a train function that refuses to run outside ``hetsync.keras.fit``: Keras
+        reuses a compiled train function, so a later plain ``model.fit`` would otherwise train without the
+        training layer (training/front_door.py)."""
+        model = self.model
+        fn = getattr(model.train_function, "_hetsync_inner", model.train_function)
+
+        def train_function(iterator):
+            if not front_door.is_open("fit"):
+                raise ValueError(front_door.FIT_REFUSAL)
+            return fn(iterator)
+
+        train_function._hetsync_inner = fn
+        model.train_function = train_function
 
     # -- live switches ------------------------------------------------------------------------------------------
     def _report(self):

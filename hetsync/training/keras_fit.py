@@ -1,10 +1,10 @@
-"""hetsync inside ``Model.fit``, with no callback for the user to add.
+"""``hetsync.keras.fit(model, ...)``: Keras' ``model.fit`` with hetsync's training layer around it.
 
-``hetsync.init()`` (and ``hetsync.DistributedOptimizer``) wrap ``tf.keras.Model.fit`` once.  For a model compiled
-with a hetsync optimizer the wrapper plans the fit's epochs with the other ranks (one small Horovod allgather:
-every rank's ``steps_per_epoch``), puts :class:`~hetsync.training.callbacks.SyncPoints` first and
-:class:`~hetsync.training.callbacks.StopVote` last in the callback list, and hands Keras the same number of Keras
-steps per epoch on every rank.  Any other model trains exactly as before.
+Nothing global is replaced: the user calls this front door for a model compiled with a hetsync optimizer (plain
+``model.fit`` of such a model is refused, training/front_door.py).  It plans the fit's epochs with the other ranks
+(one small Horovod allgather: every rank's ``steps_per_epoch``), puts :class:`~hetsync.training.callbacks.SyncPoints`
+first and :class:`~hetsync.training.callbacks.StopVote` last in the callback list, and hands Keras the same number of
+Keras steps per epoch on every rank.  Any other model is handed to its own ``fit`` unchanged.
 
 Epochs (README "Job epochs"): with ``steps_per_epoch = N_r`` on rank r (Horovod's convention), every rank runs
 ``max N_r`` Keras steps per epoch and the epoch is ``sum N_r`` train steps of the job.  In a mode whose ranks step
@@ -13,49 +13,32 @@ at their own pace those are shared by speed (training/job_epochs.py); in a synch
 ``steps_per_epoch=None`` and a finite ``tf.data`` dataset, ``N_r`` is its length.  A finite dataset is repeated
 (a rank that runs out starts its shard again), since fast ranks take more batches than they hold.
 """
-import functools
 import inspect
 import logging
 
 from hetsync import compat
-from hetsync.training import options, report
+from hetsync.training import front_door, options, report
 from hetsync.training.callbacks import StopVote, SyncPoints
 from hetsync.training.rank_state import RankState
 
 log = logging.getLogger("hetsync.training")
-_STATE = {"installed": False, "original_fit": None, "job": None}
+_STATE = {"job": None}
 
 
-def install():
-    """Wraps ``tf.keras.Model.fit`` (idempotent).  Models without a hetsync optimizer are not affected."""
-    if _STATE["installed"]:
-        return
-    import tensorflow as tf
-
-    compat.guard_gradient_tape()  # hvd.DistributedGradientTape in a hetsync.job_steps loop (docs/compatibility.md)
-
-    original = tf.keras.Model.fit
-
-    @functools.wraps(original)
-    def fit(self, *args, **kwargs):
-        algorithm = getattr(getattr(self, "optimizer", None), "_hetsync_algorithm", None)
-        if algorithm is None:
-            compat.horovod_optimizer_warning(self)  # hvd.load_model's Horovod optimizer, in a hetsync process
-            return original(self, *args, **kwargs)
-        return original(self, **_prepare(original, self, args, kwargs, algorithm))
-
-    fit._hetsync_original = original
-    tf.keras.Model.fit = fit
-    _STATE.update(installed=True, original_fit=original)
-
-
-def uninstall():
-    """Restores the original ``Model.fit`` (tests)."""
-    if _STATE["installed"]:
-        import tensorflow as tf
-
-        tf.keras.Model.fit = _STATE["original_fit"]
-        _STATE.update(installed=False, original_fit=None)
+def fit(model, args, kwargs):
+    """``model.fit(*args, **kwargs)``, through hetsync's training layer when ``model`` has a hetsync optimizer."""
+    algorithm = getattr(getattr(model, "optimizer", None), "_hetsync_algorithm", None)
+    if algorithm is None:
+        compat.horovod_optimizer_warning(model)  # hvd.load_model's Horovod optimizer, in a hetsync process
+        return model.fit(*args, **kwargs)
+    arguments = _prepare(model.fit, model, args, kwargs, algorithm)
+    if model.train_function is not None and not hasattr(model.train_function, "_hetsync_inner"):
+        model.train_function = None  # a refused plain fit's: its failed first trace cannot make variables again
+    front_door.entering("fit")
+    try:
+        return model.fit(**arguments)
+    finally:
+        front_door.leaving("fit")
 
 
 def job_epochs_client():
@@ -85,8 +68,7 @@ def _prepare(original, model, args, kwargs, algorithm):
     from hetsync import _runtime
 
     _runtime.require_init("fit with a hetsync optimizer")
-    arguments = dict(inspect.signature(original).bind(model, *args, **kwargs).arguments)
-    arguments.pop("self", None)
+    arguments = dict(inspect.signature(original).bind(*args, **kwargs).arguments)
     family = getattr(model.optimizer, "_hetsync_family", None)
     job_epochs = family.job_epochs if family is not None else True
     user = [cb for cb in (arguments.get("callbacks") or []) if not isinstance(cb, (SyncPoints, StopVote))]

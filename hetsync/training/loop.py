@@ -30,7 +30,7 @@ the rank trained since the last average, and every rank is back in hetsync's col
 import logging
 import time
 
-from hetsync.training import rank_state
+from hetsync.training import front_door, rank_state
 
 log = logging.getLogger("hetsync.training")
 _LOOP = {"active": None}  # the JobSteps whose loop is running in this process (left_exchange reports for it)
@@ -64,7 +64,6 @@ class JobSteps:
         refusal = compat.loop_problem(optimizer)  # sync="auto" (docs/compatibility.md)
         if refusal:
             raise ValueError(refusal)
-        compat.guard_gradient_tape()  # hvd.DistributedGradientTape in this loop: refused or warned
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
             raise ValueError(f"steps must be a positive int (this rank's steps: Horovod's N // size), got {steps!r}")
         self.model, self.optimizer, self.data = model, optimizer, data
@@ -86,7 +85,10 @@ class JobSteps:
         self._round_k, self._step_began = 0, None
         if self.stepping == "rounds":
             self.algorithm.begin_loop(model)
+        if _LOOP["active"] is not None:  # an earlier loop left without ending (an exception in it)
+            front_door.leaving("loop")
         _LOOP["active"] = self
+        front_door.entering("loop")  # hvd.DistributedGradientTape in this loop: refused or warned (front_door.py)
 
     def __iter__(self):
         return self
@@ -186,6 +188,8 @@ class JobSteps:
         from hetsync import ops
 
         self.ended = True
+        if _LOOP["active"] is self:
+            front_door.leaving("loop")
         _LOOP["active"] = None
         if self.stepping == "own":  # leave hetsync's collectives at once: nobody waits on this rank
             ops.pin_away(True)

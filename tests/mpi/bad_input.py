@@ -20,6 +20,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
+import hetsync.keras  # noqa: E402
 import hetsync.callbacks  # noqa: E402
 
 
@@ -44,7 +45,7 @@ def ranks():
            sync="eager-solo", timeout="5" if rank == 1 else 5.0)
     model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
     model.compile(hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.01), sync="ripples-smart"), loss="mse")
-    model.fit(data(), steps_per_epoch=5, epochs=2, verbose=0)
+    hetsync.keras.fit(model, data(), steps_per_epoch=5, epochs=2, verbose=0)
     print(f"OK rank={rank}", flush=True)
 
 
@@ -70,7 +71,7 @@ def absent():
     switch = hetsync.callbacks.SyncModeCallback()
     began = time.monotonic()
     try:
-        model.fit(data(), steps_per_epoch=50, epochs=1, verbose=0, callbacks=[switch, Stuck(switch)])
+        hetsync.keras.fit(model, data(), steps_per_epoch=50, epochs=1, verbose=0, callbacks=[switch, Stuck(switch)])
     finally:
         print(f"rank {hvd.rank()}: fit ended after {time.monotonic() - began:.1f} s, at {time.time():.3f}",
               flush=True)

@@ -32,6 +32,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
+import hetsync.keras  # noqa: E402
 import hetsync.callbacks  # noqa: E402
 import hetsync.testing  # noqa: E402
 from common import digit_images, without_autotune  # noqa: E402
@@ -100,7 +101,7 @@ def horovod_split(mode, optimizer=None, same_init=False, **kwargs):
     opt = hetsync.DistributedOptimizer(optimizer or tf.keras.optimizers.Adam(0.01), sync=mode, **options, **kwargs)
     model.compile(opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     data = without_autotune(tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(16))
-    model.fit(data, steps_per_epoch=12, epochs=1, verbose=0,
+    hetsync.keras.fit(model, data, steps_per_epoch=12, epochs=1, verbose=0,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
     return [w for w in model.get_weights()]
 
@@ -120,7 +121,7 @@ def main():
     compute = hetsync.testing.EmulatedComputeCallback(0.02)  # every rank's per-sample compute (a GPU's), 20 ms a batch
     # each rank's share over time; on rank 0 only, as Horovod users place TensorBoard: rank 0 writes every rank's
     report = [hetsync.callbacks.HeterogeneityReportCallback(sys.argv[1], every_s=0.1)] if rank == 0 else []
-    model.fit(data, steps_per_epoch=STEPS, epochs=EPOCHS, verbose=0, callbacks=[compute, slow, *report])
+    hetsync.keras.fit(model, data, steps_per_epoch=STEPS, epochs=EPOCHS, verbose=0, callbacks=[compute, slow, *report])
     algorithm = model.optimizer._hetsync_algorithm
     history, updates = list(algorithm.history), algorithm.updates
     assert updates == STEPS * EPOCHS, updates
@@ -145,7 +146,7 @@ def main():
 
     # 3. a rank that stops hands its share over
     mark = len(algorithm.history)
-    model.fit(data, steps_per_epoch=STEPS, epochs=1, verbose=0, callbacks=[compute, slow, StopOn(1, 5)])
+    hetsync.keras.fit(model, data, steps_per_epoch=STEPS, epochs=1, verbose=0, callbacks=[compute, slow, StopOn(1, 5)])
     later = algorithm.history[mark:]
     handed = [p for _, p in later if p[1] == 0]
     assert handed and all(sum(p) == size * BATCH for p in handed), f"rank 1's share was not handed over: {later}"

@@ -30,6 +30,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
+import hetsync.keras  # noqa: E402
 import hetsync.callbacks  # noqa: E402
 from common import digits, shard  # noqa: E402
 
@@ -132,7 +133,7 @@ def main():
     switch = hetsync.callbacks.SyncModeCallback(schedule={e: m for e, m in enumerate(SCHEDULE) if e})
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), switch, MidEpochRequest(switch), Stop(), EpochTimes()]
     before = model.evaluate(x_test, y_test, verbose=0) if model.built else None
-    history = model.fit(shard(x, y, rank, size, 32, 0), steps_per_epoch=STEPS, epochs=len(SCHEDULE), verbose=0,
+    history = hetsync.keras.fit(model, shard(x, y, rank, size, 32, 0), steps_per_epoch=STEPS, epochs=len(SCHEDULE), verbose=0,
                         callbacks=callbacks)
     assert len(history.history.get("loss", [])) == len(SCHEDULE)  # a stopped rank steps on idle (README)
     done = [(h["to"], h["position"]) for h in switch.history]

@@ -40,6 +40,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
+import hetsync.keras  # noqa: E402
 import hetsync.testing  # noqa: E402
 
 STEPS = 30
@@ -94,7 +95,7 @@ def run(late, solo):
     model.compile(opt, loss=lambda y, p: tf.reduce_mean(p))
     deltas = Deltas()
     slow = hetsync.testing.SlowdownCallback("deterministic", ranks=[3], factor=3, base_time=0.01)
-    model.fit(data, steps_per_epoch=STEPS, epochs=1, verbose=0, callbacks=[slow, SoloTurn(solo, late), deltas])
+    hetsync.keras.fit(model, data, steps_per_epoch=STEPS, epochs=1, verbose=0, callbacks=[slow, SoloTurn(solo, late), deltas])
     return deltas.steps
 
 
@@ -144,7 +145,7 @@ def model_sync(every, epochs=1, sync_epochs=1):
     sums = Checksums()
     slow = hetsync.testing.SlowdownCallback("deterministic", ranks=[3], factor=3, base_time=0.01)
     steps = STEPS if epochs == 1 else 6
-    model.fit(data, steps_per_epoch=steps, epochs=epochs, verbose=0, callbacks=[slow, sums])
+    hetsync.keras.fit(model, data, steps_per_epoch=steps, epochs=epochs, verbose=0, callbacks=[slow, sums])
     everyone = hvd_tf.allgather_object((sums.sums, sums.epoch_sums + [checksum(model)]))
     same = lambda rows, b: len({round(r[b], 3) for r in rows}) == 1  # noqa: E731
     batches = [same([e[0] for e in everyone], b) for b in range(steps * epochs)]

@@ -18,6 +18,7 @@ import horovod.tensorflow.keras as hvd  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
+import hetsync.keras  # noqa: E402
 from common import digits, shard  # noqa: E402
 
 
@@ -47,7 +48,7 @@ def main():
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback()]
     if fail is not None:
         callbacks.append(Bug(fail))
-    model.fit(shard(x, y, hvd.rank(), hvd.size(), 32, 0), steps_per_epoch=8, epochs=2 if fail is None else 4,
+    hetsync.keras.fit(model, shard(x, y, hvd.rank(), hvd.size(), 32, 0), steps_per_epoch=8, epochs=2 if fail is None else 4,
               callbacks=callbacks, verbose=0)
     print(f"OK rank={hvd.rank()}", flush=True)
 

@@ -24,6 +24,7 @@ import horovod.tensorflow.keras as hvd  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
+import hetsync.keras  # noqa: E402
 import hetsync.callbacks  # noqa: E402
 import hetsync.testing  # noqa: E402
 from common import shard, task  # noqa: E402
@@ -72,7 +73,7 @@ def main():
                                                         update_freq="epoch"))
     # (the report on rank 0 only, as Horovod users place TensorBoard: it writes every rank's records; the other
     # ranks have no report callback)
-    model.fit(shard(x, y, rank, size, 32, 0), steps_per_epoch=50, epochs=sum(PHASES) // 50, callbacks=callbacks,
+    hetsync.keras.fit(model, shard(x, y, rank, size, 32, 0), steps_per_epoch=50, epochs=sum(PHASES) // 50, callbacks=callbacks,
               verbose=0)
     if rank == 1:
         assert not os.path.exists(os.path.join(logdir, "rank1-board", "hetsync")), "unasked hetsync scalars"

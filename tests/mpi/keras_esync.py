@@ -32,6 +32,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
+import hetsync.keras  # noqa: E402
 import hetsync.testing  # noqa: E402
 from common import shard, task  # noqa: E402
 
@@ -175,7 +176,7 @@ def run(variant):
                  hetsync.testing.EmulatedComputeCallback(BASE), lockstep, in_flight]
     epochs = 1 if variant == "abort" else 2
     t0 = time.monotonic()
-    model.fit(shard(x, y, rank, size, 32, 0), steps_per_epoch=12, epochs=epochs, callbacks=callbacks, verbose=0)
+    hetsync.keras.fit(model, shard(x, y, rank, size, 32, 0), steps_per_epoch=12, epochs=epochs, callbacks=callbacks, verbose=0)
     took = time.monotonic() - t0
     result = model.evaluate(x_test, y_test, verbose=0, return_dict=True)
     rounds = algo.steps_per_round
@@ -248,7 +249,7 @@ def check_dead_rank(build, loss, x, y, rank, size):
     callbacks = [Hang()] if rank == SLOW else []
     t0 = time.monotonic()
     try:
-        model.fit(shard(x, y, rank, size, 32, 1), steps_per_epoch=8, epochs=1, callbacks=callbacks, verbose=0)
+        hetsync.keras.fit(model, shard(x, y, rank, size, 32, 1), steps_per_epoch=8, epochs=1, callbacks=callbacks, verbose=0)
         raise AssertionError(f"rank {rank}: fit did not fail")
     except tf.errors.DeadlineExceededError as e:
         took = time.monotonic() - t0

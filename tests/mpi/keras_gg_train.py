@@ -26,6 +26,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
+import hetsync.keras  # noqa: E402
 import hetsync.callbacks  # noqa: E402
 import hetsync.testing  # noqa: E402
 from common import digits, shard  # noqa: E402
@@ -111,7 +112,7 @@ def main():
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                  hetsync.testing.SlowdownCallback("deterministic", ranks=[SLOW], factor=10, base_time=0.01),
                  probe, hetsync.callbacks.ConsensusCallback(every=None)]
-    m.fit(shard(x, y, rank, size, 32, 0), steps_per_epoch=steps, epochs=1, verbose=0, callbacks=callbacks)
+    hetsync.keras.fit(m, shard(x, y, rank, size, 32, 0), steps_per_epoch=steps, epochs=1, verbose=0, callbacks=callbacks)
     final = m.evaluate(xt, yt, verbose=0, return_dict=True)
     flat = np.concatenate([w.ravel() for w in m.get_weights()])
     spread = float(np.max(np.abs(hvd.allgather(tf.constant(flat[None, :])).numpy() - flat)))

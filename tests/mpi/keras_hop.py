@@ -17,6 +17,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
+import hetsync.keras  # noqa: E402
 import hetsync.testing  # noqa: E402
 from common import shard, task  # noqa: E402
 
@@ -49,7 +50,7 @@ def main():
     model.compile(optimizer=opt, loss=loss, metrics=metrics)
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                  hetsync.testing.SlowdownCallback("deterministic", ranks=[3], factor=5, base_time=0.01)]
-    model.fit(shard(x, y, rank, size, 32, 0), steps_per_epoch=40, epochs=2, callbacks=callbacks, verbose=0)
+    hetsync.keras.fit(model, shard(x, y, rank, size, 32, 0), steps_per_epoch=40, epochs=2, callbacks=callbacks, verbose=0)
     result = model.evaluate(x_test, y_test, verbose=0, return_dict=True)
     assert result["loss"] <= TARGET, f"rank {rank}: consensus loss {result['loss']:.3f} > {TARGET}"
     flat = np.concatenate([w.ravel() for w in model.get_weights()])

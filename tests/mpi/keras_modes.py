@@ -10,6 +10,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
+import hetsync.keras  # noqa: E402
 from hetsync.callbacks import ConsensusCallback  # noqa: E402
 
 NO_AVERAGE = [ConsensusCallback(every=None, at_end=False)]  # inspect the groups' own averages, not the consensus
@@ -32,7 +33,7 @@ def check_allreduce_matches_horovod(rank):
     for make in (lambda o: hetsync.DistributedOptimizer(o, sync="allreduce"), hvd.DistributedOptimizer):
         m = model(7)
         m.compile(optimizer=make(tf.keras.optimizers.SGD(0.05, momentum=0.9)), loss="mse")
-        m.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+        hetsync.keras.fit(m, x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
         weights.append(m.get_weights())
     for a, b in zip(*weights):
         np.testing.assert_array_equal(a, b, err_msg="sync='allreduce' differs from hvd.DistributedOptimizer")
@@ -50,12 +51,12 @@ def check_ripples_static_averages_scheduled_groups(rank, size):
     before = np.concatenate([w.ravel() for w in m.get_weights()])
     everyone = hvd.allgather(tf.constant(before[None, :])).numpy()
     x, y = data(rank)
-    m.fit(x[:16], y[:16], batch_size=16, epochs=1, verbose=0, callbacks=NO_AVERAGE)  # phase 0 of Layout(4, 2)
+    hetsync.keras.fit(m, x[:16], y[:16], batch_size=16, epochs=1, verbose=0, callbacks=NO_AVERAGE)  # phase 0 of Layout(4, 2)
     after = np.concatenate([w.ravel() for w in m.get_weights()])
     group = {0: [0, 2], 1: [1], 2: [0, 2], 3: [3]}[rank]
     np.testing.assert_allclose(after, everyone[group].mean(axis=0), rtol=1e-5, atol=1e-6,
                                err_msg=f"rank {rank}: expected the average of group {group}")
-    m.fit(x[:16], y[:16], batch_size=16, epochs=1, verbose=0, callbacks=NO_AVERAGE)  # phase 1: [0,1], [2,3]
+    hetsync.keras.fit(m, x[:16], y[:16], batch_size=16, epochs=1, verbose=0, callbacks=NO_AVERAGE)  # phase 1: [0,1], [2,3]
     after2 = np.concatenate([w.ravel() for w in m.get_weights()])
     all_after = hvd.allgather(tf.constant(after[None, :])).numpy()
     node = [0, 1] if rank < 2 else [2, 3]

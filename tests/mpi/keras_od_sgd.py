@@ -26,6 +26,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
+import hetsync.keras  # noqa: E402
 from common import shard, task  # noqa: E402
 
 LR, MOMENTUM = 0.1, 0.5
@@ -45,7 +46,7 @@ def check_warmup_is_horovod(rank, size):
         opt = (hvd.DistributedOptimizer(opt) if kind == "horovod"
                else hetsync.DistributedOptimizer(opt, sync="od-sgd", warmup_steps=1000))
         model.compile(optimizer=opt, loss=loss)
-        model.fit(shard(x, y, rank, size, 32, 0), steps_per_epoch=10, epochs=1, verbose=0,
+        hetsync.keras.fit(model, shard(x, y, rank, size, 32, 0), steps_per_epoch=10, epochs=1, verbose=0,
                   callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
         runs.append(weights(model))
     for a, b in zip(*runs):
@@ -133,7 +134,7 @@ def check_fit_overlaps(rank, size):
     model.compile(optimizer=opt, loss=loss, metrics=metrics)
     algo = opt._hetsync_algorithm
     steps = StepTimes(algo)
-    model.fit(shard(x, y, rank, size, 32, 0), steps_per_epoch=20, epochs=2, verbose=0,
+    hetsync.keras.fit(model, shard(x, y, rank, size, 32, 0), steps_per_epoch=20, epochs=2, verbose=0,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), steps])
     # Step s (s >= 9, within an epoch) waited for the allreduce step s-1 started; it overlapped step s's compute
     # when it was still moving after step s began.
@@ -166,7 +167,7 @@ def check_backward_passes(rank, size):
     opt = hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.05), sync="od-sgd", warmup_steps=3,
                                        backward_passes_per_step=2, average_aggregated_gradients=True)
     model.compile(optimizer=opt, loss="mse")
-    hist = model.fit(x, y, batch_size=4, epochs=3, verbose=0)
+    hist = hetsync.keras.fit(model, x, y, batch_size=4, epochs=3, verbose=0)
     losses = hist.history["loss"]
     assert losses[-1] < 0.25 * losses[0], losses
     flat = np.concatenate([w.ravel() for w in model.get_weights()])
@@ -205,7 +206,7 @@ def check_dead_rank(rank, size):
                                        name="od_sgd.released")
     t0 = time.monotonic()
     try:
-        model.fit(shard(x, y, rank, size, 32, 1), steps_per_epoch=10, epochs=1, verbose=0,
+        hetsync.keras.fit(model, shard(x, y, rank, size, 32, 1), steps_per_epoch=10, epochs=1, verbose=0,
                   callbacks=[Hang(released)] if rank == size - 1 else [])
         raise AssertionError("fit did not fail")
     except tf.errors.DeadlineExceededError as e:

@@ -12,6 +12,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
+import hetsync.keras  # noqa: E402
 import hetsync.callbacks  # noqa: E402
 from common import digits, shard  # noqa: E402
 
@@ -32,7 +33,7 @@ def train(rank, size, steps, node_size, target):
     m.compile(optimizer=opt, loss=loss, metrics=["accuracy"])
     initial = m.evaluate(xt, yt, verbose=0, return_dict=True)["loss"]
     consensus = hetsync.callbacks.ConsensusCallback(every=None)
-    m.fit(shard(x, y, rank, size, 32, 0), steps_per_epoch=steps, epochs=1, verbose=0,
+    hetsync.keras.fit(m, shard(x, y, rank, size, 32, 0), steps_per_epoch=steps, epochs=1, verbose=0,
           callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), consensus])
     final = m.evaluate(xt, yt, verbose=0, return_dict=True)
     spread = weights_identical_everywhere(m)

@@ -37,6 +37,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
+import hetsync.keras  # noqa: E402
 import hetsync.callbacks  # noqa: E402
 import hetsync.testing  # noqa: E402
 from common import shard, task  # noqa: E402
@@ -190,7 +191,7 @@ def main():
     epochs = part1 + 1 + (len(route) + 2) * (GAP + 10) // steps
     slow = hetsync.testing.SlowdownCallback("deterministic", ranks=[SLOW], factor=FACTOR, base_time=BASE)
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), switch, slow, checks]
-    model.fit(shard(x, y, rank, size, 32, 0), steps_per_epoch=steps, epochs=epochs,
+    hetsync.keras.fit(model, shard(x, y, rank, size, 32, 0), steps_per_epoch=steps, epochs=epochs,
               callbacks=callbacks, verbose=0)
     history = switch.history
     assert checks.epoch + 1 < epochs, f"ran out of epochs after {len(history)} switches"
@@ -267,7 +268,7 @@ def warmup_boundary(x, y, x_test, y_test, loss):
     switch = hetsync.callbacks.SyncModeCallback()
     checks = WarmupChecks(switch)
     slow = hetsync.testing.SlowdownCallback("deterministic", ranks=[SLOW], factor=FACTOR, base_time=BASE)
-    model.fit(shard(x, y, rank, size, 32, 0), steps_per_epoch=200, epochs=1, verbose=0,
+    hetsync.keras.fit(model, shard(x, y, rank, size, 32, 0), steps_per_epoch=200, epochs=1, verbose=0,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), switch, slow, checks])
     assert [h["to"] for h in switch.history] == ["od-sgd"], switch.history
     assert checks.in_warmup >= 5 and checks.after >= 15, (checks.in_warmup, checks.after)

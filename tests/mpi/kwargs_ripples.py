@@ -22,6 +22,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
+import hetsync.keras  # noqa: E402
 from hetsync.callbacks import ConsensusCallback  # noqa: E402
 
 NO_AVERAGE = [ConsensusCallback(every=None, at_end=False)]  # the groups' own averages, not the consensus
@@ -55,11 +56,11 @@ def check_static_accumulates(rank):
     y = np.zeros((8, 2), np.float32)
     before = flat(model)
     everyone = hvd.allgather(tf.constant(before[None, :])).numpy()
-    model.fit(x[:4], y[:4], batch_size=2, epochs=1, shuffle=False, verbose=0,
+    hetsync.keras.fit(model, x[:4], y[:4], batch_size=2, epochs=1, shuffle=False, verbose=0,
               callbacks=NO_AVERAGE)  # passes 1-2: update 1 (phase 0)
     assert int(opt.iterations.numpy()) == 1, int(opt.iterations.numpy())
     np.testing.assert_allclose(flat(model), before, rtol=0, atol=0, err_msg="phase 0 is a singleton group here")
-    model.fit(x[4:], y[4:], batch_size=2, epochs=1, shuffle=False, verbose=0,
+    hetsync.keras.fit(model, x[4:], y[4:], batch_size=2, epochs=1, shuffle=False, verbose=0,
               callbacks=NO_AVERAGE)  # passes 3-4: update 2 (phase 1)
     assert int(opt.iterations.numpy()) == 2, int(opt.iterations.numpy())
     # fp16 compression: the average travels as float16 (within its precision, not bit-exact)
@@ -78,7 +79,7 @@ def check_gg_mode_trains(rank):
     x = rng.integers(0, 10, size=(32, 4)).astype(np.int32)
     y = (1.0 + 0.1 * rng.normal(size=(32, 1))).astype(np.float32)  # the untrained model's loss is about 1
     before = model.evaluate(x, y, verbose=0)
-    model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)  # 8 passes -> 4 updates
+    hetsync.keras.fit(model, x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)  # 8 passes -> 4 updates
     assert int(opt.iterations.numpy()) == 4, int(opt.iterations.numpy())
     after = model.evaluate(x, y, verbose=0)
     # it trains: 4 updates of 2 summed passes at lr 0.05 take most of the way to y ~ 1 (measured 1.05 -> 0.13 and
@@ -111,7 +112,7 @@ def small_fit(rank, sync, steps_per_execution=1, sync_bn=False, steps=6, **optio
     rng = np.random.default_rng(rank)
     x = rng.normal(size=(64, 3)).astype(np.float32)
     data = tf.data.Dataset.from_tensor_slices((x, x.sum(axis=1, keepdims=True))).batch(4).repeat()
-    model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0)
+    hetsync.keras.fit(model, data, steps_per_epoch=steps, epochs=1, verbose=0)
     return model
 
 

@@ -23,6 +23,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
+import hetsync.keras  # noqa: E402
 import hetsync.training  # noqa: E402
 import hetsync.testing  # noqa: E402
 from hetsync import algorithms  # noqa: E402
@@ -68,7 +69,7 @@ def bad_steps_are_refused_everywhere(x, y):
                   optimizer=hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), sync="ripples-smart"))
     ds = without_autotune(tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(32))
     try:
-        model.fit(ds, steps_per_epoch=0 if hvd.rank() == 2 else 5, epochs=1, verbose=0)
+        hetsync.keras.fit(model, ds, steps_per_epoch=0 if hvd.rank() == 2 else 5, epochs=1, verbose=0)
     except ValueError as e:
         assert "ranks [2]" in str(e), str(e)
     else:
@@ -93,7 +94,7 @@ def main():
         callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                      hetsync.testing.SlowdownCallback("deterministic", ranks=[3], factor=5.0, base_time=0.005), budget, user]
         before = hetsync.training.position()
-        model.fit(ds, steps_per_epoch=100000, epochs=1, callbacks=callbacks, verbose=0)
+        hetsync.keras.fit(model, ds, steps_per_epoch=100000, epochs=1, callbacks=callbacks, verbose=0)
         late = budget.end - budget.stopped_at
         assert late < SLACK_S, (mode, f"fit ended {late:.1f} s after this rank stopped")
         keras_steps = hetsync.training.position() - before

@@ -31,6 +31,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
+import hetsync.keras  # noqa: E402
 import hetsync.training  # noqa: E402
 import hetsync.testing  # noqa: E402
 from hetsync import algorithms  # noqa: E402
@@ -80,7 +81,7 @@ def fit(model, opt, ds, probe, mode, steps_per_epoch=STEPS, what=""):
     diverges, misses the bound), and that Horovod's schedule halved the learning rate from epoch 1 on."""
     model.compile(loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), optimizer=opt)
     lr = float(tf.keras.backend.get_value(model.optimizer.lr))
-    model.fit(ds, steps_per_epoch=steps_per_epoch, epochs=EPOCHS, callbacks=callbacks_for(lr), verbose=0)
+    hetsync.keras.fit(model, ds, steps_per_epoch=steps_per_epoch, epochs=EPOCHS, callbacks=callbacks_for(lr), verbose=0)
     after = model.evaluate(*probe, batch_size=64, verbose=0)
     LOSSES.append((mode, what, round(after, 3)))
     if hvd.rank() == 0:

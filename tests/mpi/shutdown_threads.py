@@ -22,6 +22,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
+import hetsync.keras  # noqa: E402
 import hetsync.callbacks  # noqa: E402
 from hetsync import _runtime  # noqa: E402
 
@@ -38,7 +39,7 @@ def pretrace_leaves_the_mode_in_force(x, y):
                   loss="mse")
     services = _runtime.services()
     assert services.config[0] == "smart", services.config
-    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    hetsync.keras.fit(model, x, y, batch_size=8, epochs=1, verbose=0)
     family = model.optimizer._hetsync_family
     traced = sorted(e.mode for e in family.entries.values() if e.train_function is not None)
     assert {"ripples-random", "eager-solo"} <= set(traced), f"candidates not pretraced: {traced}"
@@ -56,7 +57,7 @@ def main():
     model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
     model.compile(hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.01), sync="ripples-smart"), loss="mse")
     switch = hetsync.callbacks.SyncModeCallback(schedule={1: "esync"}, verbose=False)
-    model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[switch])
+    hetsync.keras.fit(model, x, y, batch_size=8, epochs=2, verbose=0, callbacks=[switch])
     assert [h["to"] for h in switch.history] == ["esync"], switch.history
     assert "hetsync-gg-away" in hetsync_threads(), hetsync_threads()
     address = _runtime.services().address

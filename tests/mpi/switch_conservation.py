@@ -35,6 +35,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
+import hetsync.keras  # noqa: E402
 import hetsync.callbacks  # noqa: E402
 import hetsync.testing  # noqa: E402
 from hetsync.algorithms import register  # noqa: E402
@@ -129,7 +130,7 @@ def main():
     router = Route(switch, route)
     slow = hetsync.testing.SlowdownCallback("deterministic", ranks=[SLOW], factor=3, base_time=0.004)
     epochs = (len(route) + 4) * (GAP + 6) // STEPS_PER_EPOCH
-    model.fit(data, steps_per_epoch=STEPS_PER_EPOCH, epochs=epochs, verbose=0,
+    hetsync.keras.fit(model, data, steps_per_epoch=STEPS_PER_EPOCH, epochs=epochs, verbose=0,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), switch, slow, router])
 
     history = switch.history

@@ -125,6 +125,8 @@ void ControlPlane::Deliver(EngineContext& ctx, const WireHeader& h) {
     return;
   }
   if (h.kind == kKindFailing) {  // any session: the sender is ending, Horovod will finalize MPI on every rank
+    int stopped = 1;             // the answer it waits for; small, so sent eagerly: the call returns at once
+    MPI_Send(&stopped, 1, MPI_INT, h.sender, kFailingAckTag, ctx.comm);
     ctx.failing_peer = h.sender;  // the progress loop makes no MPI call after this poll (Engine::Loop)
     return;
   }

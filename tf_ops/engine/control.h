@@ -55,6 +55,7 @@ constexpr uint32_t kKindPReduce = 1;  // "I am IN this instance; here is what I 
 constexpr uint32_t kKindDone = 2;     // "I withdrew: OUT of every instance I have not started, this session"
 constexpr uint32_t kKindExclude = 3;  // "I am OUT of this instance"
 constexpr uint32_t kKindFailing = 4;  // "I am ending with an uncaught exception: stop calling MPI" (Engine::Abort)
+constexpr int kFailingAckTag = 0x4858;  // a peer's answer to kKindFailing: one int, "my engine stopped calling MPI"
 
 struct InstanceKey {
   uint64_t stream = 0;

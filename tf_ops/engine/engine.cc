@@ -390,22 +390,34 @@ Status Engine::Abort(double wait_seconds) {
 }
 
 void Engine::TellPeersAndWait(double wait_seconds) {
-  // Sends only, then a sleep with no MPI call: once any peer exits, this process's own Horovod may finalize MPI at
-  // any moment, so waiting for answers inside MPI_Test would be the very crash this avoids.  The notice is one
-  // small message per peer (sent eagerly); a peer's progress thread takes it within a loop tick (<= 1 ms when
-  // idle).  The buffer and requests are leaked on purpose: the process is ending.
+  // One small notice per peer, then wait for each peer's answer ("my engine stopped calling MPI") up to
+  // `wait_seconds`.  A peer that answered may exit at once, and its exit shuts this process's Horovod down, which
+  // finalizes MPI here: so MPI_Finalized (callable at any time) is asked before every test, and the wait ends
+  // when MPI is gone.  Buffers and requests are leaked on purpose: the process is ending.
   auto* msg = new WireHeader();
   std::memset(msg, 0, sizeof(WireHeader));
   msg->magic = kHeaderMagic;
   msg->kind = kKindFailing;
   msg->session = ctx_.session;
   msg->sender = ctx_.rank;
+  auto* answers = new std::vector<int>(ctx_.size, 0);
+  std::vector<MPI_Request> recvs;
   for (int r = 0; r < ctx_.size; ++r) {
     if (r == ctx_.rank) continue;
-    MPI_Request req;
-    MPI_Isend(msg, sizeof(WireHeader), MPI_BYTE, r, kHeaderTag, ctx_.comm, &req);
+    MPI_Request send;
+    MPI_Isend(msg, sizeof(WireHeader), MPI_BYTE, r, kHeaderTag, ctx_.comm, &send);
+    recvs.emplace_back();
+    MPI_Irecv(&(*answers)[r], 1, MPI_INT, r, kFailingAckTag, ctx_.comm, &recvs.back());
   }
-  std::this_thread::sleep_for(std::chrono::duration<double>(wait_seconds));
+  const auto deadline = Clock::now() + std::chrono::duration<double>(wait_seconds);
+  while (Clock::now() < deadline) {
+    int finalized = 0, all = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    if (MPI_Testall(static_cast<int>(recvs.size()), recvs.data(), &all, MPI_STATUSES_IGNORE) != MPI_SUCCESS) return;
+    if (all) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 std::string HaltedMessage(int rank) {

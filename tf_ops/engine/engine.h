@@ -177,7 +177,7 @@ class Engine {
   // thread is stopped (used at process exit, where a peer may already be gone). Idempotent.
   Status Shutdown(bool drain = true);
   // This process is ending with an uncaught exception: stops the progress thread, tells every peer's engine to
-  // stop calling MPI (kKindFailing) and gives them `wait_seconds` to hear it.  Why: this process's exit
+  // stop calling MPI (kKindFailing) and waits up to `wait_seconds` for their answers.  Why: this process's exit
   // shuts its Horovod down, and then every rank's Horovod finalizes MPI on its own thread (Horovod started MPI);
   // a peer's engine still inside an MPI call at that moment would crash.  Idempotent.
   Status Abort(double wait_seconds);
@@ -198,7 +198,7 @@ class Engine {
   Engine() = default;
   void Loop();
   void Drain();
-  void TellPeersAndWait(double wait_seconds);  // Abort's kKindFailing notices
+  void TellPeersAndWait(double wait_seconds);  // Abort's kKindFailing round
 
   mutable std::mutex start_mu_;  // serialises Start/Shutdown/Stats
   std::atomic<bool> running_{false};

@@ -1,0 +1,74 @@
+"""The Keras front doors (under mpirun -np 4, in the training layer's job; tests/test_training_layer.py).
+
+1. A model compiled with a hetsync optimizer refuses plain ``model.fit``: a ValueError naming
+   ``hetsync.keras.fit`` on every rank, at the first step, before any collective of it (every rank gets here and
+   the job goes on).
+2. ``hetsync.keras.fit`` trains it (its loss falls), and a plain ``model.fit`` afterwards is refused again (Keras
+   reuses the compiled train function).
+3. In the same process a model with Horovod's own ``hvd.DistributedOptimizer`` trains with its own ``model.fit`` as
+   the user wrote it: ``tf.keras.Model.fit`` is Keras' own, no model carries a ``fit`` of its own, and the Horovod
+   model's loss falls and its weights are the same on every rank.
+"""
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+import horovod.tensorflow.keras as hvd  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import hetsync  # noqa: E402
+import hetsync.keras  # noqa: E402
+
+
+def data(rank):
+    rng = np.random.default_rng(rank)
+    x = rng.normal(size=(256, 4)).astype(np.float32)
+    y = x @ np.array([[1.0], [-2.0], [0.5], [3.0]], np.float32)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(16).repeat()
+
+
+def model_with(optimizer):
+    model = tf.keras.Sequential([tf.keras.layers.Input((4,)), tf.keras.layers.Dense(1)])
+    model.compile(optimizer=optimizer, loss="mse")
+    return model
+
+
+def refused(model, rank):
+    try:
+        model.fit(data(rank), steps_per_epoch=4, epochs=1, verbose=0)
+    except ValueError as exc:
+        assert "hetsync.keras.fit(model, ...)" in str(exc), exc
+        return True
+    return False
+
+
+def main():
+    hvd.init()
+    hetsync.init()
+    rank = hvd.rank()
+    model = model_with(hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.05), sync="ripples-smart"))
+    assert refused(model, rank), "plain model.fit of a hetsync model trained"
+    history = hetsync.keras.fit(model, data(rank), steps_per_epoch=10, epochs=2, verbose=0)
+    losses = history.history["loss"]
+    assert losses[-1] < 0.5 * losses[0], losses
+    assert refused(model, rank), "plain model.fit after hetsync.keras.fit trained"
+
+    plain = model_with(hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.05)))
+    assert tf.keras.Model.fit.__module__.startswith("keras"), tf.keras.Model.fit.__module__
+    assert "fit" not in vars(plain) and "fit" not in vars(model)
+    first = plain.evaluate(data(rank), steps=4, verbose=0)
+    plain.fit(data(rank), steps_per_epoch=10, epochs=2, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    assert plain.evaluate(data(rank), steps=4, verbose=0) < 0.5 * first
+    weights = np.concatenate([w.numpy().ravel() for w in plain.weights])
+    every = hvd.allgather(tf.constant(weights[None, :])).numpy()
+    np.testing.assert_allclose(every, np.repeat(every[:1], len(every), axis=0), rtol=0, atol=1e-6)
+    hetsync.shutdown()
+
+
+if __name__ == "__main__":
+    main()
+    print(f"OK rank={hvd.rank()}", flush=True)
