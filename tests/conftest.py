@@ -25,6 +25,42 @@ def pytest_configure(config):
                                        "shorter job checking the same property in every mode)")
 
 
+_USER_ENV = {"proc": None, "dir": None}
+
+
+def pytest_collection_finish(session):
+    """When tests/test_install.py is collected, its user environment starts building now, in the background
+    (tests/user_env.py): its pip installs overlap the tests that run before it."""
+    if any(item.nodeid.startswith("tests/test_install.py") for item in session.items):
+        import tempfile
+
+        where = tempfile.mkdtemp(prefix="hetsync-user-env-")
+        _USER_ENV["dir"] = where
+        _USER_ENV["proc"] = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "user_env.py"), where],
+                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    proc, where = _USER_ENV["proc"], _USER_ENV["dir"]
+    if proc is not None:
+        import shutil
+
+        proc.kill()
+        proc.wait()
+        shutil.rmtree(where, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def user_env():
+    """The directory whose ``env/`` is a fresh environment with only TensorFlow and Horovod (tests/user_env.py)."""
+    proc, where = _USER_ENV["proc"], _USER_ENV["dir"]
+    assert proc is not None, "the user environment was not started (pytest_collection_finish)"
+    rc = proc.wait(timeout=900)
+    log = open(os.path.join(where, "build.log"), encoding="utf-8").read()
+    assert rc == 0, f"building the user environment failed ({rc}):\n{log[-4000:]}"
+    return where
+
+
 def mpi_env(**extra):
     env = dict(os.environ, **MPI_ENV, **{k: str(v) for k, v in extra.items()})
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")

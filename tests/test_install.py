@@ -1,28 +1,28 @@
 """hetsync installs into an existing Horovod environment and touches nothing there (README "Install into your Horovod
 environment", docs/install.md).
 
-The environment is built as a user's would be: a fresh virtual environment with TensorFlow (pip, at the versions
-this machine's tested environment has: requirements/runtime.txt as constraints) and Horovod (the wheel
-scripts/install.sh built and cached), nothing else.  Then the documented commands: the build requirements, and
+The environment is built as a user's would be (tests/user_env.py, started in the background at collection by
+tests/conftest.py): a fresh virtual environment with TensorFlow (pip, at the versions this machine's tested
+environment has: requirements/runtime.txt as constraints) and Horovod (the wheel scripts/install.sh built and
+cached), nothing else.  Then the documented commands: the build requirements, and
 ``pip install --no-build-isolation <checkout>`` (not editable).  Checked: every distribution the environment had is
 still there at the same version (``pip list``) (TensorFlow and Horovod included), no other TensorFlow distribution appeared;
 ``hetsync check`` passes with the installed package; and the README's quickstart example trains on 2 ranks from a
 directory outside the checkout, importing the installed hetsync, with one model on both ranks.
 """
-import glob
 import json
 import os
+import pathlib
 import re
 import shutil
 import subprocess
-import sys
 
 import horovod
 import tensorflow as tf
+import user_env as user_env_builder
 from conftest import ROOT, mpi_env
 
-CONSTRAINTS = ["-c", os.path.join(ROOT, "requirements", "runtime.txt"),
-               "-c", os.path.join(ROOT, "requirements", "build.txt")]
+CONSTRAINTS = user_env_builder.CONSTRAINTS
 
 
 def _run(cmd, cwd, env=None, timeout=600):
@@ -34,30 +34,17 @@ def _run(cmd, cwd, env=None, timeout=600):
     return out
 
 
-def _horovod_wheel():
-    """The Horovod wheel scripts/install.sh built for this TensorFlow and Python (its cache)."""
-    cache = os.environ.get("HETSYNC_WHEEL_CACHE", os.path.expanduser("~/.cache/hetsync/wheels"))
-    tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
-    found = glob.glob(os.path.join(cache, f"horovod-{horovod.__version__}-tf{tf.__version__}-{tag}-*", "*.whl"))
-    assert found, f"no cached Horovod wheel under {cache} (scripts/install.sh builds it)"
-    return found[0]
-
-
 def _freeze(python, cwd):
     """{distribution: version} of the environment (pip list: also a wheel installed from a file has a version)."""
     out = _run([python, "-m", "pip", "list", "--format=json"], cwd)
     return {d["name"].lower(): d["version"] for d in json.loads(out[out.index("["):])}
 
 
-def test_pip_install_into_an_environment_with_only_tensorflow_and_horovod(tmp_path):
-    env_dir, job_dir = tmp_path / "env", tmp_path / "job"
+def test_pip_install_into_an_environment_with_only_tensorflow_and_horovod(user_env, tmp_path):
+    env_dir, job_dir = pathlib.Path(user_env) / "env", tmp_path / "job"
     job_dir.mkdir()
     python = str(env_dir / "bin" / "python")
     pip = [python, "-m", "pip", "install", "-q"]
-    _run([sys.executable, "-m", "venv", str(env_dir)], tmp_path)
-    _run(pip + CONSTRAINTS + [f"tensorflow-cpu=={tf.__version__}"], tmp_path)
-    _run(pip + ["--no-deps", _horovod_wheel()], tmp_path)
-    _run(pip + CONSTRAINTS + [f"horovod=={horovod.__version__}"], tmp_path)  # Horovod's own dependencies
     before = _freeze(python, tmp_path)
     assert before["tensorflow-cpu"] == tf.__version__ and before["horovod"] == horovod.__version__
 

@@ -1,0 +1,50 @@
+"""Builds a user's Horovod environment for tests/test_install.py: ``python tests/user_env.py DIR``.
+
+A fresh virtual environment in DIR/env holding only TensorFlow (pip, at this machine's tested versions:
+requirements/runtime.txt as constraints) and Horovod (the wheel scripts/install.sh built and cached, then Horovod's
+own dependencies).  tests/conftest.py starts it in the background when test_install.py is collected, so the two
+minutes of unpacking overlap the tests before it; the test waits for it.  Exit status 0 when the environment is
+ready; the pip output goes to DIR/build.log.
+"""
+import glob
+import os
+import subprocess
+import sys
+
+import horovod
+import tensorflow as tf
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONSTRAINTS = ["-c", os.path.join(ROOT, "requirements", "runtime.txt"),
+               "-c", os.path.join(ROOT, "requirements", "build.txt")]
+
+
+def horovod_wheel():
+    """The Horovod wheel scripts/install.sh built for this TensorFlow and Python (its cache)."""
+    cache = os.environ.get("HETSYNC_WHEEL_CACHE", os.path.expanduser("~/.cache/hetsync/wheels"))
+    tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+    found = glob.glob(os.path.join(cache, f"horovod-{horovod.__version__}-tf{tf.__version__}-{tag}-*", "*.whl"))
+    if not found:
+        raise SystemExit(f"no cached Horovod wheel under {cache} (scripts/install.sh builds it)")
+    return found[0]
+
+
+def main(where):
+    env_dir = os.path.join(where, "env")
+    python = os.path.join(env_dir, "bin", "python")
+    pip = [python, "-m", "pip", "install", "-q"]
+    steps = [[sys.executable, "-m", "venv", env_dir],
+             pip + CONSTRAINTS + [f"tensorflow-cpu=={tf.__version__}"],
+             pip + ["--no-deps", horovod_wheel()],
+             pip + CONSTRAINTS + [f"horovod=={horovod.__version__}"]]  # Horovod's own dependencies
+    with open(os.path.join(where, "build.log"), "w", encoding="utf-8") as log:
+        for cmd in steps:
+            log.write("$ " + " ".join(cmd) + "\n")
+            log.flush()
+            if subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT) != 0:
+                return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
