@@ -31,7 +31,7 @@ def fit(model, args, kwargs):
     if algorithm is None:
         compat.horovod_optimizer_warning(model)  # hvd.load_model's Horovod optimizer, in a hetsync process
         return model.fit(*args, **kwargs)
-    arguments = _prepare(model.fit, model, args, kwargs, algorithm)
+    arguments = _prepare(model, args, kwargs, algorithm)
     if model.train_function is not None and not hasattr(model.train_function, "_hetsync_inner"):
         model.train_function = None  # a refused plain fit's: its failed first trace cannot make variables again
     front_door.entering("fit")
@@ -63,12 +63,12 @@ def _dataset_length(x):
     return n if n >= 0 else (-2 if n == tf.data.INFINITE_CARDINALITY else -1)
 
 
-def _prepare(original, model, args, kwargs, algorithm):
+def _prepare(model, args, kwargs, algorithm):
     """fit's arguments as keywords: the epoch plan, the dataset, SyncPoints first and StopVote last."""
     from hetsync import _runtime
 
     _runtime.require_init("fit with a hetsync optimizer")
-    arguments = dict(inspect.signature(original).bind(*args, **kwargs).arguments)
+    arguments = dict(inspect.signature(model.fit).bind(*args, **kwargs).arguments)
     family = getattr(model.optimizer, "_hetsync_family", None)
     job_epochs = family.job_epochs if family is not None else True
     user = [cb for cb in (arguments.get("callbacks") or []) if not isinstance(cb, (SyncPoints, StopVote))]

@@ -326,11 +326,10 @@ void Engine::Drain() {
   if (MPI_Ibarrier(ctx_.comm, &req) == MPI_SUCCESS) WaitWithDeadline(&req, deadline);
 }
 
-Status Engine::Shutdown(bool drain) {
-  std::lock_guard<std::mutex> start_lock(start_mu_);
-  if (!running_) return Status::OK();
+Status Engine::StopThread(const char* what) {
   if (std::this_thread::get_id() == thread_.get_id()) {  // e.g. a TF continuation run inline by a callback
-    return Status::Error(Code::kFailedPrecondition, "engine shutdown cannot run on the engine's own thread");
+    return Status::Error(Code::kFailedPrecondition, std::string("engine ") + what +
+                                                        " cannot run on the engine's own thread");
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -339,6 +338,14 @@ Status Engine::Shutdown(bool drain) {
   cv_.notify_all();
   thread_.join();
   running_ = false;
+  return Status::OK();
+}
+
+Status Engine::Shutdown(bool drain) {
+  std::lock_guard<std::mutex> start_lock(start_mu_);
+  if (!running_) return Status::OK();
+  Status stopped = StopThread("shutdown");
+  if (!stopped.ok) return stopped;
   {
     int fin_now = 0;
     MPI_Finalized(&fin_now);
@@ -371,16 +378,8 @@ Status Engine::Shutdown(bool drain) {
 Status Engine::Abort(double wait_seconds) {
   std::lock_guard<std::mutex> start_lock(start_mu_);
   if (!running_) return Status::OK();
-  if (std::this_thread::get_id() == thread_.get_id()) {
-    return Status::Error(Code::kFailedPrecondition, "engine abort cannot run on the engine's own thread");
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  thread_.join();
-  running_ = false;
+  Status stopped = StopThread("abort");
+  if (!stopped.ok) return stopped;
   int fin = 0;
   MPI_Finalized(&fin);
   if (!fin && halted_by_ < 0) TellPeersAndWait(wait_seconds);

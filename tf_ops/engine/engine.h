@@ -199,6 +199,7 @@ class Engine {
   void Loop();
   void Drain();
   void TellPeersAndWait(double wait_seconds);  // Abort's kKindFailing round
+  Status StopThread(const char* what);         // Shutdown's and Abort's first step (start_mu_ held)
 
   mutable std::mutex start_mu_;  // serialises Start/Shutdown/Stats
   std::atomic<bool> running_{false};
