@@ -2,7 +2,8 @@
 ``broadcast_variables`` inside the tf.function) in every mode, one loop after another in one job.
 
 Per mode, rank 3 is 5x slower (emulated compute), rank r has 3r fewer steps (uneven shards), and in the second
-loop ranks 0 and 3 stop on their own clocks (``steps.stop()``).  Checks, on every rank:
+loop (a second ``job_steps`` over the same model and optimizer) ranks 0 and 3 stop on their own clocks
+(``steps.stop()``).  Checks, on every rank:
 
 * no deadlock (the first step's broadcast inside the step while peers are in a P-Reduce or partial allreduce), no
   engine failure, exit 0;
@@ -55,10 +56,11 @@ def checksum(model):
     return int(hashlib.sha256(flat.tobytes()).hexdigest()[:12], 16)
 
 
-def one_loop(mode, x, y, own, budget, tag):
+def prepare(mode):
+    """The model, optimizer and traced train step of one mode (both of its loops run them: a second
+    ``job_steps`` loop over the same model, as a user's next phase of training would)."""
     rank, size = hvd.rank(), hvd.size()
     tf.keras.utils.set_random_seed(rank + 7)
-    dataset = without_autotune(tf.data.Dataset.from_tensor_slices((x, y)).repeat().shuffle(500, seed=rank).batch(32))
     model = tf.keras.Sequential([tf.keras.layers.Conv2D(8, 3, activation="relu"), tf.keras.layers.Flatten(),
                                  tf.keras.layers.Dense(10)])
     loss = tf.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -75,6 +77,13 @@ def one_loop(mode, x, y, own, budget, tag):
             hvd.broadcast_variables(opt.variables(), root_rank=0)
         return loss_value
 
+    return model, opt, loss, training_step
+
+
+def one_loop(prepared, x, y, own, budget, tag):
+    model, opt, loss, training_step = prepared
+    rank = hvd.rank()
+    dataset = without_autotune(tf.data.Dataset.from_tensor_slices((x, y)).repeat().shuffle(500, seed=rank).batch(32))
     delay = COMPUTE * (FACTOR if rank == SLOW else 1)
     steps = hetsync.job_steps(dataset, own, model, opt)
     t0, losses = time.monotonic(), []
@@ -86,7 +95,7 @@ def one_loop(mode, x, y, own, budget, tag):
     trained = steps.finish()
     final = float(loss(y[:300], model(x[:300], training=False)))
     sums = hvd.allgather_object(checksum(model), name=f"loops.sum.{tag}")
-    assert len(set(sums)) == 1, (mode, sums)
+    assert len(set(sums)) == 1, (tag, sums)
     counts = hvd.allgather_object((trained, steps.yielded), name=f"loops.counts.{tag}")
     return trained, steps.yielded, counts, final
 
@@ -114,7 +123,8 @@ def main():
     results, finals = {}, {}
     for i, mode in enumerate(modes):
         stepping = algorithms._REGISTRY[mode].STEPPING
-        trained, yielded, counts, final = one_loop(mode, x, y, own, None, f"{i}.a")
+        prepared = prepare(mode)
+        trained, yielded, counts, final = one_loop(prepared, x, y, own, None, f"{i}.a")
         total = sum(c[0] for c in counts)
         if stepping == "own":  # (the loop's first train step is every rank's: at most size - 1 more)
             assert sum(owns) <= total <= sum(owns) + size - 1, (mode, counts, sum(owns))
@@ -134,7 +144,7 @@ def main():
         finals[mode] = final
         # the second loop: ranks 0 and 3 stop on their own clocks
         budget = {0: 0.3, SLOW: 0.6}.get(rank)
-        trained2, yielded2, counts2, _ = one_loop(mode, x, y, own, budget, f"{i}.b")
+        trained2, yielded2, counts2, _ = one_loop(prepared, x, y, own, budget, f"{i}.b")
         if stepping == "lockstep":
             assert len({c[1] for c in counts2}) == 1, (mode, counts2)
         elif stepping == "own":

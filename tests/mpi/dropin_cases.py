@@ -8,6 +8,7 @@ Prints OK rank=R.
 import json
 import os
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
@@ -24,9 +25,12 @@ def main():
     hetsync.init()
     cases = json.loads(sys.argv[1])
     for i, (out, argv) in enumerate(cases, 1):
+        began = time.monotonic()
         if hvd.rank() == 0:
             print(f"[{i}/{len(cases)}] {' '.join(argv)}", flush=True)
         example.train(example.parse(argv + ["--summary-dir", out]))
+        if hvd.rank() == 0:
+            print(f"[{i}/{len(cases)}] {time.monotonic() - began:.1f} s", flush=True)
     hetsync.shutdown()
     print(f"OK rank={hvd.rank()}", flush=True)
 

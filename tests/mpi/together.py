@@ -7,12 +7,13 @@ and close hetsync around it, as in a job of its own.
 After each script's ``main()`` returns on a rank, that rank prints ``PASSED <label> rank=R`` (tests/conftest.py's
 ``assert_passed`` looks for it); an exception prints its traceback and ``FAIL <label> rank=R`` and ends the process
 at once (the launcher then ends the job: no peer is left waiting for the failed rank until a timeout).  Rank 0 prints
-``[i/N] label`` before each.  Scripts that kill or hang a rank on purpose keep a job of their own.
+``[i/N] label`` before each and its time after it (``--durations`` of the scripts inside one job).  Scripts that kill or hang a rank on purpose keep a job of their own.
 """
 import importlib.util
 import json
 import os
 import sys
+import time
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -47,6 +48,7 @@ def main():
     runs = json.loads(sys.argv[1])
     hvd.init()
     for i, (label, path, *args) in enumerate(runs, 1):
+        began = time.monotonic()
         if hvd.rank() == 0:
             print(f"[{i}/{len(runs)}] {label}: {path} {' '.join(args)}", flush=True)
         try:
@@ -57,6 +59,8 @@ def main():
             sys.stderr.flush()
             os._exit(1)
         print(f"PASSED {label} rank={hvd.rank()}", flush=True)
+        if hvd.rank() == 0:
+            print(f"[{i}/{len(runs)}] {label}: {time.monotonic() - began:.1f} s", flush=True)
 
 
 if __name__ == "__main__":
