@@ -1,7 +1,9 @@
 """Run under horovodrun -np 4: ``sync="auto"`` follows the job's heterogeneity (README "sync='auto'").
 
 Every step sleeps 20 ms of emulated compute; rank 3 is 5x slower during the middle phase only
-(hetsync.testing.PhasedSlowdownCallback).  Checked on every rank:
+(hetsync.testing.PhasedSlowdownCallback).  The policy's window is 3 s: it decides once every rank has
+``min_samples`` (5) samples in it, and the slow rank gives one per step -- at ~0.25 s a step on a loaded machine, a
+1.5 s window saw too few and auto never switched.  Checked on every rank:
 - phase 1 (homogeneous): auto stays on allreduce;
 - phase 2: it switches to the straggler mode (esync), with evidence naming rank 3;
 - phase 3: once the slowdown has ended it switches back to allreduce ("homogeneous");
@@ -54,7 +56,7 @@ def main():
     (x, y, x_test, y_test), build, loss, metrics = task("digits", 0)
     tf.keras.utils.set_random_seed(0)
     model = build()
-    opt = hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.05, momentum=0.9), sync="auto", window=1.5,
+    opt = hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.05, momentum=0.9), sync="auto", window=3.0,
                                        settle=0.5, min_interval=1.5)
     model.compile(opt, loss=loss, metrics=metrics)
     slow = hetsync.testing.SlowdownCallback("deterministic", ranks=[SLOW], factor=FACTOR, base_time=COMPUTE)
