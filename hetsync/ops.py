@@ -39,8 +39,6 @@ _clib.hetsync_get_availability.restype = ctypes.c_int
 _clib.hetsync_set_away_after.argtypes = [ctypes.c_double]
 _clib.hetsync_engine_away.restype = ctypes.c_int
 _clib.hetsync_pin_away.argtypes = [ctypes.c_int]
-_clib.hetsync_majority_initiator.argtypes = [ctypes.c_uint64, ctypes.c_char_p, ctypes.c_int64, ctypes.c_int]
-_clib.hetsync_majority_initiator.restype = ctypes.c_int
 
 # Order of the HetsyncEngineStats vector (tf_ops/engine/engine.cc, kStatNames).
 STAT_NAMES = ("preduces", "bytes", "cache_hits", "cache_misses", "cache_size", "uncached_creations",
@@ -321,11 +319,6 @@ def majority_initiator(seed, name, round_, size):
     rank computes the same one from the shared seed.  Pure Python; the engine's C++ computes the same."""
     x = (seed & ((1 << 64) - 1)) ^ _fnv1a64(name.encode()) ^ ((round_ * 0x9E3779B97F4A7C15) & ((1 << 64) - 1))
     return _splitmix64(x) % size
-
-
-def engine_majority_initiator(seed, name, round_, size):
-    """The engine's own answer for majority_initiator (for tests)."""
-    return int(_clib.hetsync_majority_initiator(seed & ((1 << 64) - 1), name.encode(), int(round_), int(size)))
 
 
 def partial_allreduce(tensors, mode="solo", name="partial_allreduce", seed=0, timeout=None, compression=None,

@@ -16,7 +16,7 @@ import collections
 
 import tensorflow as tf
 
-from hetsync.ops import _clib, _lib, _wire_half, on_host
+from hetsync.ops import _lib, _wire_half, on_host
 
 STAT_NAMES = ("iteration", "queue_size", "max_queue", "dropped", "skips", "skipped_iters", "sends", "sends_skipped",
               "used", "jump", "session", "absent", "lag")
@@ -88,37 +88,3 @@ def hop_query(name, skip=0, trigger=0):
 def hop_jump(name, skip, trigger):
     """The jump §5 would make now (iterations to skip; 0 none), as an int64 tensor (for tf.function)."""
     return _lib.hetsync_hop_query(queue=name, skip=int(skip), trigger=int(trigger))[0][9]
-
-
-_clib_state = None
-
-
-def state_api():
-    """The C API over the engine's pure HopState (tests/test_hop_queues.py drives it with ctypes)."""
-    global _clib_state
-    if _clib_state is None:
-        import ctypes
-
-        c = _clib
-        P, I, I64, D = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_double
-        IP, I64P, DP = ctypes.POINTER(I), ctypes.POINTER(I64), ctypes.POINTER(D)
-        sigs = {
-            "hetsync_hop_state_new": ([I, I, IP, I, IP, I, I, I, I], P),
-            "hetsync_hop_state_free": ([P], None),
-            "hetsync_hop_state_update": ([P, I64, I, D], I),
-            "hetsync_hop_state_tokens": ([P, I, I64, I64], None),
-            "hetsync_hop_state_absent": ([P, I, I], None),
-            "hetsync_hop_state_try_recv": ([P, I64, I, IP, IP, I64P, DP, DP, DP], I),
-            "hetsync_hop_state_plan": ([P, I, I], I64),
-            "hetsync_hop_state_try_advance": ([P, I64], I),
-            "hetsync_hop_state_should_send": ([P, I], I),
-            "hetsync_hop_state_iter": ([P], I64),
-            "hetsync_hop_state_token_count": ([P, I], I64),
-            "hetsync_hop_state_queue_size": ([P], I64),
-            "hetsync_hop_state_dropped": ([P], I64),
-        }
-        for fn, (args, res) in sigs.items():
-            getattr(c, fn).argtypes = args
-            getattr(c, fn).restype = res
-        _clib_state = c
-    return _clib_state

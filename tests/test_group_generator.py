@@ -24,7 +24,7 @@ from hetsync.coordinator.group_generator import (
     make_generator,
 )
 from conftest import connected
-from hetsync.coordinator.sim import simulate
+from gg_sim import simulate
 
 
 class ScriptedGG(_BaseGroupGenerator):
@@ -885,7 +885,7 @@ def test_property_simulated_training_with_away_workers_never_deadlocks(cfg, spee
 def test_silent_away_workers_deadlock_the_gg_reported_ones_do_not():
     """Why away() exists: the engine alone lets the P-Reduces go on without a worker that left, but a GG that is
     not told keeps waiting for that worker's receive/ack, and the others' groups behind it never run."""
-    from hetsync.coordinator.sim import SimDeadlock
+    from gg_sim import SimDeadlock
 
     def away(w, it):
         return float("inf") if w in (0, 2) and it == 3 else None

@@ -19,10 +19,38 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetsync import ops_hop  # a missing native library fails this module (no skip)
+from hetsync import ops  # a missing native library fails this module (no skip)
 from hetsync.algorithms import hop_topology as topo
 
-API = ops_hop.state_api()
+
+def state_api():
+    """The C API over the engine's pure HopState (the bottom of tf_ops/engine/hop_state.cc), through ctypes: the
+    queue rules are tested as the engine runs them."""
+    c = ctypes.CDLL(ops._LIB_PATH)
+    P, I, I64, D = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_double
+    IP, I64P, DP = ctypes.POINTER(I), ctypes.POINTER(I64), ctypes.POINTER(D)
+    sigs = {
+        "hetsync_hop_state_new": ([I, I, IP, I, IP, I, I, I, I], P),
+        "hetsync_hop_state_free": ([P], None),
+        "hetsync_hop_state_update": ([P, I64, I, D], I),
+        "hetsync_hop_state_tokens": ([P, I, I64, I64], None),
+        "hetsync_hop_state_absent": ([P, I, I], None),
+        "hetsync_hop_state_try_recv": ([P, I64, I, IP, IP, I64P, DP, DP, DP], I),
+        "hetsync_hop_state_plan": ([P, I, I], I64),
+        "hetsync_hop_state_try_advance": ([P, I64], I),
+        "hetsync_hop_state_should_send": ([P, I], I),
+        "hetsync_hop_state_iter": ([P], I64),
+        "hetsync_hop_state_token_count": ([P, I], I64),
+        "hetsync_hop_state_queue_size": ([P], I64),
+        "hetsync_hop_state_dropped": ([P], I64),
+    }
+    for fn, (args, res) in sigs.items():
+        getattr(c, fn).argtypes = args
+        getattr(c, fn).restype = res
+    return c
+
+
+API = state_api()
 CAP = 64
 
 

@@ -20,7 +20,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence, Union
 
-from .group_generator import Group, _BaseGroupGenerator
+from hetsync.coordinator.group_generator import Group, _BaseGroupGenerator
 
 __all__ = ["SimResult", "SimDeadlock", "simulate"]
 
