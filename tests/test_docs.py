@@ -138,3 +138,24 @@ def test_underscores_read_as_hyphens_wherever_a_mode_is_named():
     opt = tf.keras.optimizers.SGD(0.1)
     with pytest.raises(ValueError, match=r"for sync='ripples-smart'"):
         hetsync.DistributedOptimizer(opt, sync="ripples_smart", c_tres=3)
+
+
+def test_architecture_md_matches_the_tree():
+    """docs/architecture.md names only files that exist, and names every module and package of hetsync/ (top
+    level, training/, coordinator/, algorithms/ as a folder): a new module goes into the map or this fails."""
+    text = open(os.path.join(ROOT, "docs", "architecture.md")).read()
+    for link in re.findall(r"\]\(\.\./(hetsync/[^)#]*)\)", text):
+        assert os.path.exists(os.path.join(ROOT, link)), f"docs/architecture.md links {link}, which does not exist"
+    package = os.path.join(ROOT, "hetsync")
+    named = []
+    for entry in sorted(os.listdir(package)):
+        path = os.path.join(package, entry)
+        if entry.endswith(".py") and entry != "__init__.py":
+            named.append(entry)
+        elif os.path.isdir(path) and os.path.exists(os.path.join(path, "__init__.py")):
+            named.append(entry + "/")
+    for sub in ("training", "coordinator"):
+        named += [f for f in sorted(os.listdir(os.path.join(package, sub)))
+                  if f.endswith(".py") and f != "__init__.py" and not f.endswith(("_pb2.py", "_pb2_grpc.py"))]
+    missing = [name for name in named if name not in text]
+    assert not missing, f"docs/architecture.md does not name {missing}"

@@ -52,6 +52,7 @@ class Recorder(SyncAlgorithm):
     """A parameter-averaging mode that only counts: after_update records its calls and the iterations it saw."""
 
     name = "test-recorder"
+    EXCHANGES_PARAMETERS = True
 
     def wrap(self, optimizer):
         self.calls = tf.Variable(0, dtype=tf.int64, trainable=False)
@@ -172,9 +173,12 @@ def test_bad_values_are_value_errors_naming_the_kwarg(mode):
 def test_allreduce_hands_every_kwarg_to_horovod_unchanged(monkeypatch):
     calls = []
 
-    class FakeHorovodOptimizer:  # what hvd.DistributedOptimizer returns; hetsync only adds its idle-step scaling
-        def _allreduce(self, grads, variables):
+    class FakeHorovodOptimizer:  # what hvd.DistributedOptimizer returns; hetsync adds its idle-step scaling and
+        def _allreduce(self, grads, variables):  # the allreduce of a custom loop's gradients
             return grads
+
+        def apply_gradients(self, grads_and_vars):
+            return None
 
     made = FakeHorovodOptimizer()
 

@@ -208,15 +208,17 @@ def test_bad_settings_and_candidates_raise():
 
 
 class _ESyncRound:
-    """What hetsync/training/step_clock.py reads from ESync after a round: the count and compute of its local iterations."""
+    """What hetsync/training/step_clock.py reads from ESync after a round (SyncAlgorithm's declared hooks): the
+    count and compute of its local iterations, and each one's when ``per_iteration``."""
 
     def __init__(self, each, per_iteration):
-        self.each = each
-        if per_iteration:
-            self.last_round_iterations = lambda: list(self.each)
+        self.each, self.per_iteration = each, per_iteration
 
     def last_round_timing(self):
         return len(self.each), sum(self.each)
+
+    def last_round_iterations(self):
+        return list(self.each) if self.per_iteration else None
 
 
 @settings(max_examples=20, deadline=None)

@@ -1,5 +1,8 @@
-"""The training layer (hetsync/training/) as users meet it, in one multi-process job (three scripts in turn):
+"""The training layer (hetsync/training/) as users meet it, in one multi-process job (five scripts in turn):
 
+* front doors: plain ``model.fit`` of a hetsync model refused, ``hetsync.keras.fit`` beside a plain Horovod model
+  (tests/mpi/front_doors.py); a bare custom loop in every mode: trains (allreduce, od-sgd) or is refused on every
+  rank at its first step (tests/mpi/bare_loops.py);
 * custom loops: Horovod's TF2 example step (its first-step broadcast inside the tf.function) under
   ``hetsync.job_steps``, with a slow rank, uneven shards and per-rank stops (tests/mpi/custom_loops.py);
 * prompt ends: per-rank time budgets inside one 100,000-step epoch, every mode and auto (tests/mpi/long_epoch.py);
@@ -18,10 +21,11 @@ from conftest import assert_passed, mpi_env, run_together
 
 @pytest.fixture(scope="module")
 def job():
-    """The four scripts one after another in one 4-rank job (tests/mpi/together.py).  The custom loops run last:
+    """The five scripts one after another in one 4-rank job (tests/mpi/together.py).  The custom loops run last:
     after them, a later script's fit hangs past its agreed stop (a known fault of a second hetsync.init() in one
     process after job_steps with per-rank stops, docs/limitations.md)."""
-    runs = [["front-doors", "tests/mpi/front_doors.py"], ["long-epoch", "tests/mpi/long_epoch.py"],
+    runs = [["front-doors", "tests/mpi/front_doors.py"], ["bare-loops", "tests/mpi/bare_loops.py"],
+            ["long-epoch", "tests/mpi/long_epoch.py"],
             ["model-matrix", "tests/mpi/model_matrix.py"],
             ["custom-loops", "tests/mpi/custom_loops.py"]]
     proc = run_together(4, runs, timeout=1200, env=mpi_env(HETSYNC_TIMEOUT=60))
@@ -34,6 +38,14 @@ def test_plain_fit_of_a_hetsync_model_is_refused_and_a_plain_horovod_model_train
     hetsync.keras.fit that trains it; a Horovod model in the same process trains with its own model.fit, and
     nothing of Keras is replaced (tests/mpi/front_doors.py)."""
     assert_passed(job, "front-doors", 4)
+
+
+def test_a_bare_custom_loop_trains_in_the_lockstep_modes_and_is_refused_in_every_other(job):
+    """Horovod's TF2 step over the dataset itself, without hetsync.job_steps (tests/mpi/bare_loops.py): allreduce
+    and od-sgd (warm-up) allreduce each step's gradients in apply_gradients -- the same model on every rank after
+    every step, the loss down -- and every other mode raises on every rank at the first step, naming the door."""
+    assert_passed(job, "bare-loops", 4)
+    assert job.stdout.count("front-doors: bare loop in ") == 11, job.stdout[-4000:]
 
 
 def test_horovod_tf2_loop_in_every_mode_with_a_slow_rank_uneven_shards_and_stops(job):

@@ -1,8 +1,11 @@
-"""Idle ranks in the synchronous modes (``allreduce``, ``od-sgd``): they keep stepping with weight 0.
+"""What the Horovod-based synchronous modes (``allreduce``, ``od-sgd``) share.
 
-A rank that stopped early (hetsync/training/) must still take part in every gradient allreduce of the others, or
-their collectives would never complete.  So its steps run as usual, with its gradients scaled by a contribution of
-0 (Horovod's ``join`` semantics; ``hvd.join`` itself cannot be called twice in a process in Horovod 0.28).
+Idle ranks keep stepping with weight 0: a rank that stopped early (hetsync/training/) must still take part in every
+gradient allreduce of the others, or their collectives would never complete.  So its steps run as usual, with its
+gradients scaled by a contribution of 0 (Horovod's ``join`` semantics; ``hvd.join`` itself cannot be called twice
+in a process in Horovod 0.28).
+
+Every step's gradients are allreduced once, whichever door the step came through (:class:`ReducedOnce`).
 """
 import tensorflow as tf
 
@@ -25,6 +28,56 @@ class IdleContribution:
 
     def on_resume(self):
         self.contribution.assign(1.0)
+
+
+_TAPE_SCOPE = "DistributedGradientTape_Allreduce"
+
+
+def horovod_tape_gradients(gradients):
+    """True when a gradient (a graph tensor) comes out of ``hvd.DistributedGradientTape``'s allreduce (Horovod's
+    tape builds it under the name scope ``DistributedGradientTape_Allreduce``).  Eager tensors: False."""
+    seen, todo = set(), [g.values if isinstance(g, tf.IndexedSlices) else g for g in gradients]
+    todo = [t for t in todo if t is not None and tf.is_symbolic_tensor(t)]
+    depth = 0
+    while todo and depth < 8:
+        ops = [t.op for t in todo if id(t.op) not in seen]
+        for op in ops:
+            seen.add(id(op))
+            if _TAPE_SCOPE in op.name:
+                return True
+        todo = [t for op in ops for t in op.inputs]
+        depth += 1
+    return False
+
+
+class ReducedOnce:
+    """Every step's gradients through Horovod's allreduce exactly once, whichever door the step came through.
+
+    Horovod's Keras ``DistributedOptimizer`` allreduces in ``compute_gradients`` (Keras' ``minimize``: the path of
+    ``fit``), not in ``apply_gradients``.  A custom loop (``tape.gradient``, then ``apply_gradients``: Horovod's
+    TF2 loop with its ``DistributedGradientTape`` dropped, as hetsync's README has it) never calls the former, and
+    would train each rank on its own gradients.  So the mode's ``_allreduce`` marks the step (:meth:`reduced`: a
+    Python flag, set while the step runs eagerly or is traced) and its ``apply_gradients`` passes the gradients
+    through :meth:`ready`: those that came neither through ``_allreduce`` nor out of Horovod's own tape are
+    allreduced there, by the mode's ``_allreduce`` (its idle weight, its compute stamp, Horovod's allreduce)."""
+
+    def __init__(self):
+        self._marked = False
+
+    def reduced(self):
+        self._marked = True
+
+    def ready(self, optimizer, grads_and_vars):
+        grads_and_vars = list(grads_and_vars)
+        marked, self._marked = self._marked, False
+        if marked or horovod_tape_gradients([g for g, _ in grads_and_vars]):
+            return grads_and_vars
+        present = [(g, v) for g, v in grads_and_vars if g is not None]
+        if not present:
+            return present
+        reduced = optimizer._allreduce([g for g, _ in present], [v for _, v in present])
+        self._marked = False  # (that call marked itself)
+        return list(zip(reduced, [v for _, v in present]))
 
 
 def loss_scale_parts(optimizer, algorithm):

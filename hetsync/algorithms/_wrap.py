@@ -86,10 +86,12 @@ def _densify(grads_and_vars):
 
 
 def wrap_post_update(optimizer, algorithm):
-    """Returns a copy of ``optimizer`` whose ``apply_gradients`` calls ``algorithm.after_update(vars, iterations)``.
+    """Returns a copy of ``optimizer`` whose ``apply_gradients`` calls ``algorithm.after_update(vars, iterations)``
+    when the algorithm declares ``EXCHANGES_PARAMETERS``.
 
-    A gradient-exchanging method (eager-SGD) defines ``algorithm.before_update(grads, variables)`` instead (or as
-    well): it returns the gradients the local update applies (dense tensors in; None gradients never reach it).
+    A gradient-exchanging method (eager-SGD) declares ``EXCHANGES_GRADIENTS`` instead (or as well): its
+    ``before_update(grads, variables)`` returns the gradients the local update applies (dense tensors in; None
+    gradients never reach it).
 
     ``after_update`` runs after the local update and after ``iterations`` was incremented, so iteration k's sync
     sees ``iterations == k + 1`` on every worker.
@@ -101,27 +103,26 @@ def wrap_post_update(optimizer, algorithm):
     unchanged, so ``iterations`` counts updates (the step a schedule or the Group Generator sees).  Sparse
     (IndexedSlices) gradients are accumulated into dense sums, so their update is dense.
 
-    ``algorithm`` may be any object with ``after_update``; the Horovod settings above default to Horovod's defaults
-    when it lacks them (``sparse_as_dense``, ``scope_name``).
+    ``algorithm`` is a SyncAlgorithm (its resolved Horovod settings: base.SyncAlgorithm).
     """
     base = optimizer.__class__
     if getattr(optimizer, "_hetsync_algorithm", None) is not None:
         raise ValueError("this optimizer is already a hetsync.DistributedOptimizer; wrap the plain one")
-    passes = int(getattr(algorithm, "backward_passes_per_step", 1) or 1)
-    average = bool(getattr(algorithm, "average_aggregated_gradients", False))
-    sparse_as_dense = bool(getattr(algorithm, "sparse_as_dense", False))
-    scope = getattr(algorithm, "scope_name", None) or f"Distributed{base.__name__}"
+    passes = int(algorithm.backward_passes_per_step or 1)
+    average = bool(algorithm.average_aggregated_gradients)
+    sparse_as_dense = bool(algorithm.sparse_as_dense)
+    scope = algorithm.scope_name or f"Distributed{base.__name__}"
 
     def _sync(self, variables):
         variables = self._hetsync_algorithm.shared(variables)
-        if hasattr(self._hetsync_algorithm, "after_update") and variables:
+        if algorithm.EXCHANGES_PARAMETERS and variables:
             with tf.name_scope(scope):
                 self._hetsync_algorithm.after_update(variables, self.iterations)
                 # reads of the variables come after the exchange's assignments (automatic control dependencies)
                 _left_exchange([v.read_value() for v in variables])
 
     def _exchange(self, grads_and_vars):
-        if not hasattr(self._hetsync_algorithm, "before_update"):
+        if not algorithm.EXCHANGES_GRADIENTS:
             return grads_and_vars
         local = self._hetsync_algorithm.local_vars
         kept = [(g, v) for g, v in grads_and_vars if g is not None and v.ref() in local]  # worker-local: as is
@@ -130,15 +131,14 @@ def wrap_post_update(optimizer, algorithm):
             return grads_and_vars
         with tf.name_scope(scope):
             exchanged = self._hetsync_algorithm.before_update([g for g, _ in present], [v for _, v in present])
-            if not hasattr(self._hetsync_algorithm, "after_update"):
+            if not algorithm.EXCHANGES_PARAMETERS:
                 _left_exchange([e for e in exchanged if isinstance(e, tf.Tensor)])
         return list(zip(exchanged, [v for _, v in present])) + kept
 
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         grads_and_vars = list(grads_and_vars)
-        if hasattr(self._hetsync_algorithm, "mark_compute_done"):
-            stamped = self._hetsync_algorithm.mark_compute_done([g for g, _ in grads_and_vars])
-            grads_and_vars = list(zip(stamped, [v for _, v in grads_and_vars]))
+        stamped = self._hetsync_algorithm.mark_compute_done([g for g, _ in grads_and_vars])
+        grads_and_vars = list(zip(stamped, [v for _, v in grads_and_vars]))
         if sparse_as_dense:
             grads_and_vars = _densify(grads_and_vars)
         if passes == 1:
@@ -215,8 +215,8 @@ def _pending_accumulation(optimizer, variables):
     if ours is not None and ours.counter is not None:
         done = int(ours.counter.numpy())
         algorithm = optimizer._hetsync_algorithm
-        passes = int(getattr(algorithm, "backward_passes_per_step", 1) or 1)
-        average = bool(getattr(algorithm, "average_aggregated_gradients", False))
+        passes = int(algorithm.backward_passes_per_step or 1)
+        average = bool(algorithm.average_aggregated_gradients)
         pairs = [(tf.identity(ours.sums[v.ref()]), v) for v in variables if v.ref() in ours.sums] if done else []
         ours.clear()
         return pairs, passes, average

@@ -5,7 +5,7 @@ horovod_kwargs.NAMES, handed over unchanged; unset ones keep Horovod's defaults 
 benchmark that compares a mode against "allreduce" compares it against plain Horovod in the same run.
 """
 from hetsync.algorithms import horovod_kwargs, register
-from hetsync.algorithms._synchronous import IdleContribution, loss_scale_parts
+from hetsync.algorithms._synchronous import IdleContribution, ReducedOnce, loss_scale_parts
 from hetsync.algorithms._wrap import rebuild_from_config
 from hetsync.algorithms.base import SyncAlgorithm
 
@@ -14,6 +14,7 @@ from hetsync.algorithms.base import SyncAlgorithm
 class HorovodAllreduce(IdleContribution, SyncAlgorithm):
     name = "allreduce"
     STEPPING = "lockstep"
+    BARE_LOOP = True  # a lockstep allreduce of every step, as Horovod's own optimizer in a loop
     OPTIONS = {}
     HOROVOD_APPLIED = frozenset(horovod_kwargs.NAMES)
     HOROVOD_PASSTHROUGH = True
@@ -31,15 +32,20 @@ class HorovodAllreduce(IdleContribution, SyncAlgorithm):
         # active rank computes what hvd.DistributedOptimizer computes, bit for bit.  Patched on the instance:
         # Horovod's class calls super(self.__class__, self), which a subclass would turn into a recursion.
         contribution = self.make_contribution()
-        inner = wrapped._allreduce
-
+        inner, apply = wrapped._allreduce, wrapped.apply_gradients
+        once = ReducedOnce()  # a custom loop's gradients are allreduced in apply_gradients
         algorithm = self
 
         def _allreduce(opt, grads, variables):
+            once.reduced()
             grads = algorithm.mark_compute_done(list(grads))
             return inner([_scaled(g, contribution) for g in grads], variables)
 
+        def apply_gradients(grads_and_vars, *args, **kwargs):
+            return apply(once.ready(wrapped, grads_and_vars), *args, **kwargs)
+
         wrapped._allreduce = types.MethodType(_allreduce, wrapped)
+        wrapped.apply_gradients = apply_gradients
         return loss_scaled(wrapped)
 
 

@@ -83,6 +83,9 @@ class Balanced(SyncAlgorithm):
                                  "by the rank's own samples",
     }
 
+    rank, size = 0, 1  # this rank and the job's size: wrap sets them
+    plan = None
+
     def validate(self):
         import horovod.tensorflow as hvd
 
@@ -358,14 +361,14 @@ class Balanced(SyncAlgorithm):
     def shares(self):
         """Each rank's samples per update over its Horovod share (1.0 = Horovod's split), as planned now."""
         if self.plan is None or not self.batches:
-            return [1.0] * getattr(self, "size", 1)
+            return [1.0] * self.size
         return [p / b if b > 0 else 0.0 for p, b in zip(self.plan, self.batches)]
 
     def metrics(self):
         """For the heterogeneity report and TensorBoard (``share``: this rank's samples per update over its Horovod
         share, a scalar per rank) and benchmarks (``shares``: every rank's, as planned now)."""
         shares = self.shares()
-        rank = getattr(self, "rank", 0)
+        rank = self.rank
         return {"updates": self.updates, "plans": len(self.history), "share": round(shares[rank], 4),
                 "samples_per_update": (self.plan or [0] * (rank + 1))[rank], "shares": [round(x, 3) for x in shares]}
 

@@ -42,6 +42,10 @@ class SyncAlgorithm:
     # Why the mode cannot run in a custom loop (hetsync.job_steps), or None: it can.  job_steps raises it as a
     # ValueError on every rank before any collective.
     NO_CUSTOM_LOOPS = None
+    # The mode trains in a bare custom loop (its optimizer's apply_gradients called outside hetsync.keras.fit and
+    # hetsync.job_steps): a lockstep mode that is Horovod's allreduce in every step, under Horovod's own rule (every
+    # rank runs the same steps).  Else such a loop is refused at its first step (hetsync/training/front_door.py).
+    BARE_LOOP = False
     KERAS_TRAIN_STEP = True  # the mode runs Keras' compiled train function (balanced runs its own micro-batch step)
     HOROVOD_APPLIED = horovod_kwargs.APPLIED_BY_WRAPPER
     HOROVOD_PASSTHROUGH = False
@@ -50,6 +54,11 @@ class SyncAlgorithm:
     # kwargs that the rest does not apply, and why.  Set to another value than Horovod's default, they are named
     # in the same one warning on rank 0.
     HOROVOD_PART_TIME = {}
+    # What a mode that wraps the user's optimizer with _wrap.wrap_post_update exchanges around each local update:
+    # gradients before it (``before_update``: eager-SGD, Hop) and/or parameters after it (``after_update``:
+    # Ripples, Hop).  The wrapper calls only the hooks declared here as in use.
+    EXCHANGES_GRADIENTS = False
+    EXCHANGES_PARAMETERS = False
 
     def __init__(self, **options):
         clash = sorted(set(self.OPTIONS) & set(horovod_kwargs.NAMES))
@@ -83,6 +92,7 @@ class SyncAlgorithm:
         self.average_aggregated_gradients = resolved.average_aggregated_gradients if resolved else False
         self.sparse_as_dense = resolved.sparse_as_dense if resolved else False
         self.scope_name = resolved.scope_name if resolved else None
+        self._compute_stamp = None  # (make_compute_stamp)
         self.validate()
         horovod_kwargs.warn_ignored(self.name, self.ignored_horovod_kwargs)
 
@@ -98,6 +108,25 @@ class SyncAlgorithm:
     def wrap(self, optimizer):
         """Returns a Keras optimizer that trains with this method."""
         raise NotImplementedError
+
+    def before_update(self, grads, variables):
+        """``EXCHANGES_GRADIENTS``, graph code in the train step: this step's gradients (dense, None ones left out)
+        of ``variables`` in, the gradients the local update applies out (the exchanged ones)."""
+        return grads
+
+    def after_update(self, variables, iterations):
+        """``EXCHANGES_PARAMETERS``, graph code in the train step: after the local update of ``variables`` (its
+        ``iterations`` already incremented: iteration k sees k + 1), the parameter exchange."""
+
+    def last_round_timing(self):
+        """``STEPPING == "rounds"``: (local iterations, compute seconds) of the last round, for the step clock
+        (hetsync/training/step_clock.py), or None: the mode does not time its rounds."""
+        return None
+
+    def last_round_iterations(self):
+        """``STEPPING == "rounds"``: the compute seconds of each local iteration of the last round (one sample per
+        iteration for sync="auto"), or None: only the round's total."""
+        return None
 
     def on_idle(self):
         """This rank stopped while others train on (hetsync/training/): leave every collective of the mode."""
@@ -188,15 +217,14 @@ class SyncAlgorithm:
         second time."""
         import tensorflow as tf
 
-        if getattr(self, "_compute_stamp", None) is None:
+        if self._compute_stamp is None:
             with tf.init_scope():
                 self._compute_stamp = tf.Variable(0.0, dtype=tf.float64, trainable=False,
                                                   name="hetsync_compute_done")
 
     def compute_done_time(self):
         """``time.time()`` when the last step's gradients were ready (0.0: the mode does not stamp)."""
-        stamp = getattr(self, "_compute_stamp", None)
-        return float(stamp.numpy()) if stamp is not None else 0.0
+        return float(self._compute_stamp.numpy()) if self._compute_stamp is not None else 0.0
 
     def shared(self, variables):
         """``variables`` without the worker-local ones (what the mode exchanges and the consensus averages)."""

@@ -50,6 +50,8 @@ class EagerSGD(SyncAlgorithm):
     """Shared by both modes; ``MODE`` is the partial collective ("solo" or "majority")."""
 
     MODE = None
+    EXCHANGES_GRADIENTS = True  # the partial allreduce of each step's gradients
+    _calls = None  # train steps that reached the exchange (a tf.Variable: wrap makes it)
     OPTIONS = {
         "model_sync_every": Option(DEFAULT_MODEL_SYNC_EVERY, "int", minimum=1, none=True,
                                    doc="batches between mid-epoch model averages (None: epoch ends only)",
@@ -171,7 +173,7 @@ class EagerSGD(SyncAlgorithm):
         from hetsync import ops
 
         stats = ops.engine_stats()
-        calls = int(self._calls.numpy()) if hasattr(self, "_calls") else 0
+        calls = int(self._calls.numpy()) if self._calls is not None else 0
         contributed = stats["partial_contributed"]
         return {
             "calls": calls,

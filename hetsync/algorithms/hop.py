@@ -48,6 +48,7 @@ _WRAPS = itertools.count()  # queue set names: the n-th wrapped optimizer of the
 @register
 class Hop(DecentralizedAlgorithm):
     name = "hop"
+    EXCHANGES_GRADIENTS = EXCHANGES_PARAMETERS = True  # the update queues before, the averaging after
     OPTIONS = {
         "topology": Option("ring-based", "list", choices=topo.NAMED,
                            doc="a named graph or a list of in-neighbour lists",

@@ -250,7 +250,7 @@ def support_table(modes=None):
             applied = {k: "passed to hvd.DistributedOptimizer unchanged" for k in NAMES}
         else:
             applied = {k: APPLIED.get(k, "applied by the mode") for k in NAMES if k in cls.HOROVOD_APPLIED}
-        why = {**REASONS, **getattr(cls, "HOROVOD_REASONS", {})}
+        why = {**REASONS, **cls.HOROVOD_REASONS}
         ignored = {k: why.get(k, "sync={mode!r} does not apply it").format(mode=mode) for k in NAMES if k not in applied}
         table[mode] = {"applied": applied, "ignored": ignored}
     return table

@@ -35,7 +35,7 @@ import tensorflow as tf
 
 from hetsync.algorithms import horovod_kwargs, register
 from hetsync.algorithms.options import TIMEOUT, Option
-from hetsync.algorithms._synchronous import IdleContribution, loss_scale_parts
+from hetsync.algorithms._synchronous import IdleContribution, ReducedOnce, loss_scale_parts
 from hetsync.algorithms._wrap import build_slots, rebuild_from_config
 from hetsync.algorithms.base import SyncAlgorithm
 
@@ -48,6 +48,7 @@ PAPER_DC_LAMBDA = {"dc-asgd-c": 0.04, "dc-asgd-a": 0.95}  # §4.3 (CIFAR-10): ea
 class ODSGD(IdleContribution, SyncAlgorithm):
     name = "od-sgd"
     STEPPING = "lockstep"
+    BARE_LOOP = True  # lockstep: every step allreduces (Horovod in the warm-up, one step late after it)
     OPTIONS = {
         "warmup_steps": Option(100, "int", minimum=0, doc="steps of plain allreduce before the one-step delay",
                                paper="OD-SGD §4.6"),
@@ -105,8 +106,10 @@ class ODSGD(IdleContribution, SyncAlgorithm):
             self._passes = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetsync_od_passes")
         inner = wrapped._allreduce
         algo = self
+        once = ReducedOnce()  # a custom loop's gradients go through _allreduce in apply_gradients
 
         def _allreduce(opt, grads, variables):
+            once.reduced()
             grads = algo.mark_compute_done(list(grads))
             scaled = [None if g is None else tf.convert_to_tensor(g) * tf.cast(algo.contribution, g.dtype)
                       for g in grads]
@@ -123,7 +126,7 @@ class ODSGD(IdleContribution, SyncAlgorithm):
             return out
 
         def apply_gradients(opt, grads_and_vars, *args, **kwargs):
-            pairs = [(tf.convert_to_tensor(g), v) for g, v in grads_and_vars if g is not None]
+            pairs = [(tf.convert_to_tensor(g), v) for g, v in once.ready(opt, grads_and_vars) if g is not None]
             variables = [v for _, v in pairs]
             algo._ensure(variables)
             done = tf.cond(algo.in_warmup(),

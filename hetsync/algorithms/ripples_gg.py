@@ -43,6 +43,7 @@ _WATCH_PERIOD_S = 0.02
 
 class GroupGeneratorAlgorithm(DecentralizedAlgorithm):
     GG_MODE = None
+    EXCHANGES_PARAMETERS = True  # the P-Reduce after each local update
     GG_OPTIONS = ()  # options passed to the generator; the others are worker-side
 
     def wrap(self, optimizer):

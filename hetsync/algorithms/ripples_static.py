@@ -28,6 +28,7 @@ STATIC_STREAM = 1  # engine instance stream: (STATIC_STREAM, iteration) names th
 @register
 class RipplesStatic(DecentralizedAlgorithm):
     name = "ripples-static"
+    EXCHANGES_PARAMETERS = True  # the scheduled P-Reduce after each local update
     OPTIONS = {"node_size": Option(None, ("int", "list"), minimum=1, none=True,
                                    doc="workers per machine, or a list of machine sizes (None: the real placement "
                                        "by host)", paper="Ripples §4.2 (Fig 10)"),

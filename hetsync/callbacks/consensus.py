@@ -5,10 +5,10 @@ points of hetsync/training/ run for every model compiled with a ``hetsync.Distri
 only changes their schedule; it does no collective of its own (two callbacks issuing global rounds would pair
 with the wrong rounds on other ranks).
 """
-import tensorflow as tf
+from hetsync.training.hooks import ConsensusSchedule
 
 
-class ConsensusCallback(tf.keras.callbacks.Callback):
+class ConsensusCallback(ConsensusSchedule):
     """Schedule of the consensus rounds (Horovod averages of all workers' models).
 
     Args:
@@ -22,8 +22,6 @@ class ConsensusCallback(tf.keras.callbacks.Callback):
         to inspect the workers' divergence.  Ranks whose ``fit`` ends early keep taking part in the others' sync
         points either way, so nobody waits on them.
     """
-
-    hetsync_consensus = True  # read by hetsync/training/options.py
 
     def __init__(self, every="epoch", at_end=True, epochs=1):
         super().__init__()

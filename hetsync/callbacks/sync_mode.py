@@ -14,12 +14,12 @@ rank, the switch is refused on every rank, recorded in ``refusals``, and trainin
 """
 import logging
 
-import tensorflow as tf
+from hetsync.training.hooks import SwitchSchedule
 
 log = logging.getLogger("hetsync.callbacks")
 
 
-class SyncModeCallback(tf.keras.callbacks.Callback):
+class SyncModeCallback(SwitchSchedule):
     """Live sync-mode switches: a per-epoch ``schedule`` and ``request(mode, **options)``, the flag.
 
     Args:
@@ -45,8 +45,6 @@ class SyncModeCallback(tf.keras.callbacks.Callback):
         # it (None unless status is "superseded"); a request superseded by an earlier switch that this rank has
         # already carried out (pending == self.mode) may be sent again: the board is free once every rank has.
         self.requests = []
-
-    hetsync_switches = True  # read by hetsync/training/: it binds the callback to the rank's state
 
     def bind(self, sync_points):
         """hetsync/training/, at on_train_begin: the rank state of the fit this callback belongs to."""

@@ -3,6 +3,8 @@
 import os
 import warnings
 
+from hetsync.training.hooks import SwitchSchedule
+
 def keras_version():
     """The version of the Keras ``tf.keras`` is."""
     import tensorflow as tf
@@ -76,8 +78,8 @@ def fit_modes(family, algorithm, user_callbacks):
     if family is not None and family.auto:
         found += [mode for mode, _ in family.auto["candidates"].values()]
     for cb in user_callbacks:
-        if getattr(cb, "hetsync_switches", False):
-            found += [mode for mode, _ in (getattr(cb, "schedule", None) or {}).values()]
+        if isinstance(cb, SwitchSchedule):
+            found += [mode for mode, _ in cb.schedule.values()]
     return list(dict.fromkeys(found))
 
 
@@ -136,7 +138,9 @@ def tape_problem(algorithm):
 
             if _is_rank0():
                 warnings.warn(f"hvd.DistributedGradientTape in a hetsync.job_steps loop with sync={algorithm.name!r}: "
-                              "the gradients are allreduced twice (by the tape, then by the optimizer); use a plain "
+                              "the optimizer allreduces each step's gradients itself and takes the tape's allreduce "
+                              "for its own, but the tape counts the gradients of ranks that are only stepping "
+                              "along (past their own steps, or stopped), which hetsync weights 0; use a plain "
                               "tf.GradientTape", UserWarning, stacklevel=5)
         return None
     return (f"hvd.DistributedGradientTape is not supported by sync={algorithm.name!r}: it allreduces every step's "

@@ -36,6 +36,8 @@ T = {
              "test_horovod_tf2_loop_in_every_mode_with_a_slow_rank_uneven_shards_and_stops",
     "auto": "tests/test_switching.py::test_auto_follows_a_straggler_and_back_and_the_report_shows_it",
     "refusals": "tests/test_compat.py::test_refusals_name_what_is_not_supported",
+    "bare_loops": "tests/test_training_layer.py::"
+                  "test_a_bare_custom_loop_trains_in_the_lockstep_modes_and_is_refused_in_every_other",
 }
 
 
@@ -158,13 +160,24 @@ ROWS = [
          "balanced": refused("ValueError at job_steps: it needs Model.fit (it cuts each batch into shares)",
                              "loops"),
          "auto": refused("ValueError at job_steps: auto switches inside Model.fit only", "refusals")}),
+    Row("bare custom loops", "feature", "Horovod's TF2 loop over the dataset itself, without `hetsync.job_steps`",
+        {"*": refused("ValueError on every rank at the loop's first step (traced or eager), naming hetsync.job_steps: "
+                      "only job_steps tells hetsync where a rank's loop ends", "bare_loops"),
+         "allreduce": ok("as Horovod's optimizer: each step's gradients allreduced in apply_gradients, every rank "
+                         "the same model after every step; every rank must run the same steps, as in Horovod",
+                         "bare_loops"),
+         "od-sgd": ok("lockstep, as allreduce (its warm-up is Horovod's allreduce in apply_gradients)",
+                      "bare_loops"),
+         "balanced": refused("ValueError at the first step: it needs Model.fit", "bare_loops"),
+         "auto": refused("ValueError at the first step: auto switches inside Model.fit only", "bare_loops")}),
     Row("DistributedGradientTape", "feature", "`hvd.DistributedGradientTape(tape)` in a `hetsync.job_steps` loop",
         {"*": refused("ValueError at the optimizer's apply_gradients when the step is traced (tf.function, as in "
                       "Horovod's TF2 example; an eager loop is not checked): it allreduces every step's gradients "
                       "over all ranks, which ranks stepping at their own pace never pair; use a plain tf.GradientTape",
                       "mpi_compat"),
-         "allreduce": warned("gradients would be allreduced twice (the tape, then the optimizer): one warning; use "
-                             "a plain tf.GradientTape", "mpi_compat"),
+         "allreduce": warned("the optimizer takes the tape's allreduce for its own, but the tape counts the "
+                             "gradients of ranks only stepping along (hetsync weights them 0): one warning; use a "
+                             "plain tf.GradientTape", "mpi_compat"),
          "od-sgd": warned("as allreduce: the tape's allreduce comes on top of OD-SGD's; one warning", "refusals"),
          "balanced": refused("job_steps refuses sync='balanced' before any tape (it needs Model.fit)", "loops"),
          "auto": refused("job_steps refuses sync='auto' before any tape", "refusals")}),

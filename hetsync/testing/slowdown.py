@@ -24,29 +24,17 @@ the median of this rank's first ``warmup`` batch times, measured before any slee
 import time
 
 import numpy as np
-import tensorflow as tf
+
+from hetsync.training.hooks import TrainStepCallback
 
 MODES = ("deterministic", "random", "random-one", "imbalance")
 
 
-def _in_step():
-    """An injected delay stands for a slower step's compute: report it as inside the step, so peers wait for this
-    rank as they would for a slow GPU instead of counting it away (docs/engine.md, "Availability")."""
-    try:
-        from hetsync import ops
-    except ImportError:  # the native library is not built: nothing to report
-        return
-    ops.set_availability(ops.IN_STEP)
-
-
-class _PerIteration(tf.keras.callbacks.Callback):
-    """Acts once per local iteration.  Under hetsync's fit hook (``per_local_iteration`` set) the hook calls
-    ``on_local_iteration_begin``/``_end`` inside the train step -- once per Keras step, or per local iteration in
-    modes that take several per step (ESync) -- so the delay counts as the step's compute.  Without it (a plain
-    Horovod model) they run around each Keras batch."""
-
-    per_local_iteration = False
-    hetsync_per_train_step = True  # hetsync/training/ calls on_local_iteration_begin/_end inside each train step
+class _PerIteration(TrainStepCallback):
+    """Acts once per local iteration.  Under hetsync's fit the training layer calls ``on_local_iteration_begin``/
+    ``_end`` inside the train step -- once per Keras step, or per local iteration in modes that take several per
+    step (ESync) -- so the delay counts as the step's compute (hetsync.training.hooks.TrainStepCallback).  Without
+    it (a plain Horovod model) they run around each Keras batch."""
 
     def on_train_batch_begin(self, batch, logs=None):
         if not self.per_local_iteration:
@@ -143,7 +131,6 @@ class SlowdownCallback(_PerIteration):
         delay = self.delay_for_step(self._step) * work
         self._work = work
         if delay > 0:
-            _in_step()
             time.sleep(delay)
             self.slept += delay
         self._batch_start = time.perf_counter()
@@ -171,7 +158,6 @@ class EmulatedComputeCallback(_PerIteration):
 
     def on_local_iteration_begin(self, work=1.0):
         if self.seconds:
-            _in_step()
             time.sleep(self.seconds * work)
 
 

@@ -11,7 +11,7 @@ import time
 
 import tensorflow as tf
 
-from hetsync.training import front_door
+from hetsync.training import front_door, hooks
 
 
 def _hvd():
@@ -59,7 +59,7 @@ class SyncPoints(tf.keras.callbacks.Callback):
         state.begin_fit()
         # Per-train-step callbacks (hetsync.testing.SlowdownCallback / EmulatedComputeCallback) run inside the step: the state
         # machine calls them, or, in modes whose Keras step is several local iterations (ESync), the mode does.
-        state.hooks = [cb for cb in self.user_callbacks if getattr(cb, "hetsync_per_train_step", False)]
+        state.hooks = [cb for cb in self.user_callbacks if isinstance(cb, hooks.TrainStepCallback)]
         for cb in state.hooks:
             cb.per_local_iteration = True
         self.model._hetsync_sync_points = state
@@ -87,7 +87,7 @@ class SyncPoints(tf.keras.callbacks.Callback):
 
         state = self.state
         state.family = getattr(self.model.optimizer, "_hetsync_family", None)
-        modes = [cb for cb in self.user_callbacks if getattr(cb, "hetsync_switches", False)]
+        modes = [cb for cb in self.user_callbacks if isinstance(cb, hooks.SwitchSchedule)]
         for cb in modes:
             cb.bind(state)
         state.verbose = all(cb.verbose for cb in modes)
@@ -193,7 +193,7 @@ class SyncPoints(tf.keras.callbacks.Callback):
     def _scheduled(self, epoch):
         """A SyncModeCallback schedule's entry for ``epoch`` (every rank has the same schedule: no negotiation)."""
         for cb in self.user_callbacks:
-            schedule = getattr(cb, "schedule", None) if getattr(cb, "hetsync_switches", False) else None
+            schedule = cb.schedule if isinstance(cb, hooks.SwitchSchedule) else None
             if schedule and epoch in schedule:
                 return schedule[epoch]
         return None

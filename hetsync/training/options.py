@@ -1,12 +1,11 @@
 """What the training layer reads from the user's callbacks and checks across ranks.
 
-Callbacks carry their own behaviour and declare it with class attributes, so this package never imports
-``hetsync.callbacks`` and ``hetsync.testing`` (no import circle): ``hetsync_consensus`` (hetsync.callbacks.ConsensusCallback: ``every``, ``at_end``),
-``hetsync_switches`` (hetsync.callbacks.SyncModeCallback: ``bind(state)``, ``schedule``, ``verbose``) and
-``hetsync_per_train_step`` (hetsync.testing.SlowdownCallback and friends: ``on_local_iteration_begin/_end``, run inside
-each train step).
+Callbacks carry their own behaviour and declare what they are by subclassing a base of hooks.py, so this package
+never imports ``hetsync.callbacks`` and ``hetsync.testing`` (no import circle).
 """
 import itertools
+
+from hetsync.training.hooks import ConsensusSchedule
 
 _AGREEMENTS = itertools.count()
 
@@ -15,7 +14,7 @@ def consensus_options(user_callbacks, algorithm):
     """(every, at_end, epochs): a user's Consensus callback decides; else the mode's own ``consensus_every`` and
     ``consensus_epochs`` (eager-SGD's model_sync_every: batches between mid-epoch averages; model_sync_epochs: epoch
     ends between averages), else every epoch end."""
-    found = [cb for cb in user_callbacks if getattr(cb, "hetsync_consensus", False)]
+    found = [cb for cb in user_callbacks if isinstance(cb, ConsensusSchedule)]
     if found:
         return found[0].every, found[0].at_end, found[0].epochs
     return algorithm.consensus_every or "epoch", True, algorithm.consensus_epochs

@@ -43,7 +43,7 @@ def _numbers(metrics, prefix=""):
 
 def wanted_ms(callbacks):
     """This rank's wish for the fit's gather (keras_fit.py): the shortest ``every_s`` of its reports, in ms; 0: none."""
-    every = [cb.every_s for cb in callbacks if getattr(cb, "hetsync_report", False)]
+    every = [cb.every_s for cb in callbacks if isinstance(cb, HeterogeneityReportCallback)]
     return max(1, int(round(min(every) * 1000))) if every else 0
 
 
@@ -124,8 +124,6 @@ class ReportFeed:
 class HeterogeneityReportCallback(tf.keras.callbacks.Callback):
     """Writes the heterogeneity report of every rank to ``log_dir`` (see the module docstring): on rank 0 only, as
     Horovod's TensorBoard callback, or on every rank (the lowest rank that has one writes)."""
-
-    hetsync_report = True  # read by hetsync/training/keras_fit.py
 
     def __init__(self, log_dir, every_s=2.0, tensorboard=True):
         super().__init__()

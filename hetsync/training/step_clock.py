@@ -27,10 +27,10 @@ class StepClock:
         """One train step that ran ``[mono_start, mono_end]`` (``wall_start``: the same instant, time.time())."""
         elapsed = mono_end - mono_start
         each = None
-        if local_iterations and hasattr(algorithm, "last_round_timing"):
-            iterations, compute = algorithm.last_round_timing()
-            if hasattr(algorithm, "last_round_iterations"):
-                each = algorithm.last_round_iterations()
+        timing = algorithm.last_round_timing() if local_iterations else None
+        if timing is not None:
+            iterations, compute = timing
+            each = algorithm.last_round_iterations()
         else:
             iterations, done = 1, algorithm.compute_done_time()
             compute = done - wall_start if wall_start < done <= wall_start + elapsed + 1e-3 else elapsed

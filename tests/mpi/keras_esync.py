@@ -34,6 +34,7 @@ import tensorflow as tf  # noqa: E402
 import hetsync  # noqa: E402
 import hetsync.keras  # noqa: E402
 import hetsync.testing  # noqa: E402
+import hetsync.training.hooks  # noqa: E402
 from common import shard, task  # noqa: E402
 
 SLOW, FACTOR, BASE = 3, 5, 0.04
@@ -88,12 +89,10 @@ def main():
     hetsync.shutdown()
 
 
-class InFlight(tf.keras.callbacks.Callback):
+class InFlight(hetsync.training.hooks.TrainStepCallback):
     """The model after each local iteration of the round (hetsync calls on_local_iteration_end per iteration), and
     at the aggregation (the wrapped aggregation calls ``at_aggregation``): checks §4.2's rule for the iteration in
     flight when READY arrived."""
-    hetsync_per_train_step = True
-    per_local_iteration = False
 
     def __init__(self, algo, on_ready):
         super().__init__()
