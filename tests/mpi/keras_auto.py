@@ -3,7 +3,10 @@
 Every step sleeps 20 ms of emulated compute; rank 3 is 5x slower during the middle phase only
 (hetsync.testing.PhasedSlowdownCallback).  The policy's window is 3 s: it decides once every rank has
 ``min_samples`` (5) samples in it, and the slow rank gives one per step -- at ~0.25 s a step on a loaded machine, a
-1.5 s window saw too few and auto never switched.  Checked on every rank:
+1.5 s window saw too few and auto never switched.  ``settle`` is 3 s: while rank 3's slow samples are still the
+minority of its window (up to ~2.4 s after the slowdown starts) the policy sees "random" (slow samples among fast
+ones), and with a 0.5 s settle a fresh clone's run switched to eager-solo first.  Measured: the switch to esync
+~60 steps into the 120-step slow phase, the one back ~105 steps into the last phase (quiet machine).  Checked on every rank:
 - phase 1 (homogeneous): auto stays on allreduce;
 - phase 2: it switches to the straggler mode (esync), with evidence naming rank 3;
 - phase 3: once the slowdown has ended it switches back to allreduce ("homogeneous");
@@ -32,7 +35,7 @@ import hetsync.testing  # noqa: E402
 from common import shard, task  # noqa: E402
 
 COMPUTE, SLOW, FACTOR = 0.02, 3, 5
-PHASES = (50, 70, 180)
+PHASES = (50, 120, 180)
 
 
 class Traced(tf.keras.callbacks.Callback):
@@ -57,7 +60,7 @@ def main():
     tf.keras.utils.set_random_seed(0)
     model = build()
     opt = hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.05, momentum=0.9), sync="auto", window=3.0,
-                                       settle=0.5, min_interval=1.5)
+                                       settle=3.0, min_interval=1.5)
     model.compile(opt, loss=loss, metrics=metrics)
     slow = hetsync.testing.SlowdownCallback("deterministic", ranks=[SLOW], factor=FACTOR, base_time=COMPUTE)
     phased = hetsync.testing.PhasedSlowdownCallback([(PHASES[0], None), (PHASES[1], slow), (PHASES[2], None)])
