@@ -45,7 +45,7 @@ def test_a_bare_custom_loop_trains_in_the_lockstep_modes_and_is_refused_in_every
     and od-sgd (warm-up) allreduce each step's gradients in apply_gradients -- the same model on every rank after
     every step, the loss down -- and every other mode raises on every rank at the first step, naming the door."""
     assert_passed(job, "bare-loops", 4)
-    assert job.stdout.count("front-doors: bare loop in ") == 11, job.stdout[-4000:]
+    assert job.stdout.count("bare-loops: bare loop in ") == 11, job.stdout[-4000:]
 
 
 def test_horovod_tf2_loop_in_every_mode_with_a_slow_rank_uneven_shards_and_stops(job):

@@ -10,9 +10,10 @@ A bare custom loop (the optimizer's ``apply_gradients`` called outside both) giv
 rank's loop is over, or where a round of local iterations ends.  A lockstep mode that is Horovod's allreduce in
 every step (``SyncAlgorithm.BARE_LOOP``: allreduce, OD-SGD) trains there as Horovod's optimizer does, with
 Horovod's rule that every rank runs the same steps; every other mode is refused at the loop's first step, on every
-rank (each traces or runs that step before any collective of it), naming ``hetsync.job_steps``.  Nothing global is replaced to find out: each
-hetsync optimizer carries a guard on its own ``apply_gradients`` (:func:`guard`), and the training layer says
-which front door is open (:func:`entering`, :func:`leaving`).
+rank (each traces or runs that step before any collective of it), naming ``hetsync.job_steps``.
+
+Nothing global is replaced to find out: each hetsync optimizer carries a guard on its own ``apply_gradients``
+(:func:`guard`), and the training layer says which front door is open (:func:`entering`, :func:`leaving`).
 
 In a ``job_steps`` loop the guard also refuses ``hvd.DistributedGradientTape`` in a mode whose ranks step at their
 own pace (its allreduce of every step's gradients would pair steps of different ranks: a hang), read from the

@@ -75,10 +75,9 @@ def check_bare_loops(rank):
             door = "Model.fit" if mode in ("balanced", "auto") else "hetsync.job_steps"
             assert door in result, (mode, result)
         if rank == 0:
-            print(f"front-doors: bare loop in {mode}: {'trains' if trains else 'refused'}", flush=True)
+            print(f"bare-loops: bare loop in {mode}: {'trains' if trains else 'refused'}", flush=True)
     assert "hetsync.job_steps" in bare_loop("ripples-smart", rank, traced=False)  # an eager loop as well
     assert float(hvd.allreduce(tf.constant(1.0), op=hvd.Sum, name="bare.after")) == hvd.size()
-
 
 
 def main():

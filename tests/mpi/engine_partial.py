@@ -17,6 +17,8 @@ which deposits it holds.  Checked, for solo and majority:
   - tensors that differ between ranks: the same InvalidArgumentError on every rank, naming both;
   - a rank whose engine is gone: every other rank's call fails within the timeout, naming that rank.
 """
+import ctypes
+import functools
 import re
 import sys
 import time
@@ -31,17 +33,21 @@ K = 30 if QUICK else 60
 SEED = 7
 
 
-
-def engine_majority_initiator(seed, name, round_, size):
-    """The engine's own answer for ops.majority_initiator (its C function, through ctypes)."""
-    import ctypes
-
+@functools.lru_cache(maxsize=None)
+def _engine_initiator_fn():
+    """The engine's C function behind ops.majority_initiator, bound once (ctypes)."""
     from hetsync import ops
 
-    c = ctypes.CDLL(ops._LIB_PATH)
-    c.hetsync_majority_initiator.argtypes = [ctypes.c_uint64, ctypes.c_char_p, ctypes.c_int64, ctypes.c_int]
-    c.hetsync_majority_initiator.restype = ctypes.c_int
-    return int(c.hetsync_majority_initiator(seed & ((1 << 64) - 1), name.encode(), int(round_), int(size)))
+    fn = ctypes.CDLL(ops._LIB_PATH).hetsync_majority_initiator
+    fn.argtypes = [ctypes.c_uint64, ctypes.c_char_p, ctypes.c_int64, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def engine_majority_initiator(seed, name, round_, size):
+    """The engine's own answer for ops.majority_initiator."""
+    return int(_engine_initiator_fn()(seed & ((1 << 64) - 1), name.encode(), int(round_), int(size)))
+
 
 def onehot(rank, i, size):
     """Deposit i of `rank`; the extra last slot is rank 0's flush call."""
