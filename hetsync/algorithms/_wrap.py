@@ -44,15 +44,18 @@ class _Accumulation:
 def build_slots(optimizer, variables):
     """Creates ``optimizer``'s iteration counter and slots for ``variables`` as its first update would, lifted out of
     any tf.function or cond branch (an update that runs inside a ``tf.cond`` would otherwise create them there, with
-    the cond's scope in their names, or fail to)."""
+    the cond's scope in their names, or fail to).  A ``LossScaleOptimizer``'s wrapped optimizer too."""
     with tf.init_scope():
         _ = optimizer.iterations  # legacy optimizers create it lazily
         if hasattr(optimizer, "_create_all_weights"):  # legacy (OptimizerV2)
             with tf.name_scope(optimizer._name):
                 optimizer._create_all_weights(variables)
         elif hasattr(optimizer, "build"):
-            with tf.name_scope(optimizer.name or "optimizer"):
+            with tf.name_scope(getattr(optimizer, "name", None) or "optimizer"):  # (a LossScaleOptimizer has none)
                 optimizer.build(variables)
+    inner = getattr(optimizer, "inner_optimizer", None)  # a LossScaleOptimizer's build leaves its optimizer's slots
+    if inner is not None:
+        build_slots(inner, variables)
 
 
 def _left_exchange(after):

@@ -16,7 +16,10 @@ at their own pace those are shared by speed (training/job_epochs.py); in a synch
 import inspect
 import logging
 
+import tensorflow as tf
+
 from hetsync import compat
+from hetsync.algorithms._wrap import build_slots
 from hetsync.training import front_door, options, report
 from hetsync.training.callbacks import StopVote, SyncPoints
 from hetsync.training.rank_state import RankState
@@ -34,11 +37,40 @@ def fit(model, args, kwargs):
     arguments = _prepare(model, args, kwargs, algorithm)
     if model.train_function is not None and not hasattr(model.train_function, "_hetsync_inner"):
         model.train_function = None  # a refused plain fit's: its failed first trace cannot make variables again
+    _build_before_trace(model, arguments.get("x"))
     front_door.entering("fit")
     try:
         return model.fit(**arguments)
     finally:
         front_door.leaving("fit")
+
+
+def _build_before_trace(model, x):
+    """Creates the model's, its optimizer's and its compiled metrics' variables before fit traces its first step.
+
+    Keras 2 creates them inside that first trace, and a ``tf.function`` whose first trace created variables is
+    traced again: every rank pays its train step's tracing twice before the first batch.  Keras 3 builds them
+    first, from the data's shapes; this does the same for a ``tf.data`` dataset whose shapes are known but for the
+    batch, on a batch of zeros in inference mode (no statistic or metric moves).  Anything else (a model already
+    trained, its own ``train_step``, a stateful layer, arrays, unknown shapes) is left to Keras as it was."""
+    if (model.train_function is not None or not isinstance(x, tf.data.Dataset)
+            or type(model).train_step is not tf.keras.Model.train_step
+            or any(getattr(layer, "stateful", False) for layer in model.submodules)):
+        return
+    specs = tf.nest.flatten(x.element_spec)
+    if not all(isinstance(s, tf.TensorSpec) and s.shape.rank and s.shape[1:].is_fully_defined() for s in specs):
+        return
+    zeros = tf.nest.pack_sequence_as(x.element_spec, [tf.zeros([1] + s.shape[1:].as_list(), s.dtype) for s in specs])
+    inputs, targets, weights = tf.keras.utils.unpack_x_y_sample_weight(zeros)
+    try:
+        predictions = model(inputs, training=False)
+        build_slots(model.optimizer, model.trainable_variables)
+        if targets is not None and model.compiled_loss is not None:
+            model.compiled_loss(targets, predictions, weights, regularization_losses=model.losses)
+            model.compiled_metrics.update_state(targets, predictions, weights)
+    except Exception as e:  # noqa: BLE001 -- only a saving: Keras builds what is missing in its first trace
+        log.debug("variables left to fit's first trace: %s", e)
+    model.reset_metrics()
 
 
 def job_epochs_client():
@@ -55,8 +87,6 @@ def job_epochs_client():
 
 def _dataset_length(x):
     """Batches in a finite ``tf.data`` dataset (-1 when unknown or not a dataset, -2 when infinite)."""
-    import tensorflow as tf
-
     if not isinstance(x, tf.data.Dataset):
         return -1
     n = int(x.cardinality().numpy())
