@@ -143,12 +143,14 @@ RANDOM_EXAMPLE = ["--steps", "80", "--slowdown", "random", "--factor", "4", "--b
 
 @pytest.fixture(scope="session")
 def keras_job(tmp_path_factory):
-    """The 4-rank Keras scripts of test_keras_modes.py and test_balanced.py in one job (they neither kill nor hang
-    a rank for good; ESync's, which hangs one for 12 s, runs last): the job's output, and the directory with each
-    run's files (a folder per run)."""
+    """The 4-rank Keras scripts of test_keras_modes.py, test_balanced.py and test_switching.py in one job (they
+    neither kill nor hang a rank for good; ESync's, which hangs one for 12 s, runs last): the job's output, and the
+    directory with each run's files (a folder per run; sync="auto"'s log directory is ``auto-logs``).  One job
+    instead of two saves a start-up of four TensorFlow processes and their first traces."""
     base = tmp_path_factory.mktemp("keras_modes")
     runs = [
         ["balanced", "tests/mpi/balanced_job.py", base / "balanced"],  # first: its shares follow measured speeds
+        ["auto", "tests/mpi/keras_auto.py", base / "auto-logs"],  # early, for the same reason
         ["wiring", "tests/mpi/keras_modes.py"],
         ["ripples-static-train", "tests/mpi/keras_ripples_train.py", 0.35],
         ["example-ripples-static", "examples/train.py", "--sync", "ripples-static", *SLOWED_EXAMPLE,
@@ -159,6 +161,8 @@ def keras_job(tmp_path_factory):
         *[[f"example-{m}", "examples/train.py", "--sync", m, *RANDOM_EXAMPLE, "--log-dir", base / f"example-{m}"]
           for m in ("eager-solo", "eager-majority")],
         ["hop", "tests/mpi/keras_hop.py", 0.9],
+        ["switch-cycle", "tests/mpi/keras_switch.py", "all", "cycle"],
+        ["conservation", "tests/mpi/switch_conservation.py"],
         ["esync", "tests/mpi/keras_esync.py"],  # last: it ends with a rank hung for 12 s, named by the others
     ]
     return run_together(4, runs, timeout=1200), base

@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from hetsync.testing import SlowdownCallback
+from hetsync.testing import PhasedSlowdownCallback, SlowdownCallback
+from hetsync.training import rank_state
 
 
 def delays(cb, steps):
@@ -69,3 +70,21 @@ def test_imbalance_shifts_the_delays_across_ranks_each_step():
 def test_bad_arguments_name_the_problem(kwargs, word):
     with pytest.raises(ValueError, match=word):
         SlowdownCallback(**{"rank": 0, "size": 4, **kwargs})
+
+
+def test_phases_count_from_the_callbacks_first_fit_not_from_the_process_start(monkeypatch):
+    """Earlier fits in the process (hetsync's step count at 100) do not move the phases: the slow phase starts
+    50 steps into this callback's first fit, and a later fit goes on counting from that first one."""
+    slow = SlowdownCallback("deterministic", ranks=[1], factor=5, base_time=0.1, rank=1, size=2)
+    phased = PhasedSlowdownCallback([(50, None), (20, slow), (10, None)])
+    monkeypatch.setitem(rank_state._PROCESS, "position", 100)
+    phased.on_train_begin()
+    seen = []
+    for step in (100, 149, 150, 169, 170):
+        rank_state._PROCESS["position"] = step
+        seen.append(phased._current())
+    assert seen == [None, None, slow, slow, None]
+    rank_state._PROCESS["position"] = 160
+    phased.on_train_begin()  # a second fit with the same callback: still counted from the first
+    assert phased._current() is slow
+

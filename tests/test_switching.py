@@ -7,18 +7,16 @@ import sys
 
 import pytest
 
-from conftest import ROOT, assert_ok, assert_passed, run_mpi, run_together
+from conftest import ROOT, assert_ok, assert_passed, run_mpi
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory):
-    """make test's three switching scripts one after another in one 4-rank job (tests/mpi/together.py); the auto
-    run's log directory."""
-    logdir = tmp_path_factory.mktemp("auto") / "logs"
-    runs = [["auto", "tests/mpi/keras_auto.py", logdir],
-            ["switch-cycle", "tests/mpi/keras_switch.py", "all", "cycle"],
-            ["conservation", "tests/mpi/switch_conservation.py"]]
-    return run_together(4, runs, timeout=1200), logdir
+def job(keras_job):
+    """make test's three switching scripts run in conftest's ``keras_job`` (tests/mpi/together.py, sync="auto"'s
+    second, after balanced's: its slowdown phases count from its own fit): the job's output and the auto run's log
+    directory."""
+    proc, base = keras_job
+    return proc, base / "auto-logs"
 
 
 @pytest.mark.parametrize("walk", ["cycle", pytest.param("pairs", marks=pytest.mark.full)])

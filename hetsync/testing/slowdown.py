@@ -25,6 +25,7 @@ import time
 
 import numpy as np
 
+from hetsync import training
 from hetsync.training.hooks import TrainStepCallback
 
 MODES = ("deterministic", "random", "random-one", "imbalance")
@@ -164,9 +165,10 @@ class EmulatedComputeCallback(_PerIteration):
 class PhasedSlowdownCallback(_PerIteration):
     """A heterogeneity that changes during the job: ``phases`` = [(steps, SlowdownCallback or None), ...].
 
-    Phase i lasts ``steps`` Keras steps of the job (hetsync's step count, the same on every rank), or with
-    ``unit="seconds"`` that many seconds since this rank's ``fit`` began (the environment changes in time, whatever
-    the method does); the last phase lasts to the end.  None is a homogeneous phase.  Each SlowdownCallback keeps its own
+    Phase i lasts ``steps`` Keras steps of the job (hetsync's step count, the same on every rank), counted from the
+    first ``fit`` this callback is in (a process's earlier fits do not move its phases), or with ``unit="seconds"``
+    that many seconds since this rank's first such ``fit`` began (the environment changes in time, whatever the
+    method does); the last phase lasts to the end.  None is a homogeneous phase.  Each SlowdownCallback keeps its own
     RNG and step count.  ``phase_at(x)`` says which phase a step (or second) is in.
     """
 
@@ -181,7 +183,7 @@ class PhasedSlowdownCallback(_PerIteration):
                     or not (slowdown is None or isinstance(slowdown, SlowdownCallback)):
                 raise ValueError(f"each phase is (length > 0, SlowdownCallback or None), got {(length, slowdown)!r}")
         self.phases, self.unit = list(phases), unit
-        self._began = None
+        self._began = self._first_step = None
         self.per_local_iteration = False
         self._active = None
         self.slept = 0.0
@@ -196,14 +198,12 @@ class PhasedSlowdownCallback(_PerIteration):
 
     def on_train_begin(self, logs=None):
         if self._began is None:
-            self._began = time.monotonic()
+            self._began, self._first_step = time.monotonic(), training.position()
 
     def _current(self):
         if self.unit == "seconds":
             return self.phases[self.phase_at(time.monotonic() - (self._began or time.monotonic()))][1]
-        from hetsync import training
-
-        return self.phases[self.phase_at(training.position())][1]
+        return self.phases[self.phase_at(training.position() - (self._first_step or 0))][1]
 
     def on_local_iteration_begin(self, work=1.0):
         self._active = self._current()
