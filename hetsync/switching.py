@@ -67,11 +67,23 @@ class Entry:
         self.mode, self.options = mode, dict(options)
         self.algorithm, self.optimizer = algorithm, optimizer
         self.train_function = None
-        self.horovod_register = None
+        self.horovod_register = _horovod_registration(optimizer)
 
     def register(self, var):
         if self.horovod_register is not None:
-            self.horovod_register(self.optimizer, var)
+            owner, method = self.horovod_register
+            method(owner, var)
+
+
+def _horovod_registration(optimizer):
+    """(optimizer, Horovod's ``register_local_var``) of a Horovod-based mode (allreduce, OD-SGD's warm-up): Horovod's
+    optimizer itself, or the one inside a LossScaleOptimizer (mixed precision: loss_scale_parts puts the loss scaling
+    around Horovod's optimizer, which alone knows which gradients not to allreduce); None for the other modes."""
+    for owner in (optimizer, getattr(optimizer, "inner_optimizer", None)):
+        method = getattr(type(owner), "register_local_var", None) if owner is not None else None
+        if method is not None:
+            return owner, method
+    return None
 
 
 class Family:
@@ -115,7 +127,6 @@ class Family:
                 optimizer._hetsync_algorithm = algorithm
             optimizer._hetsync_family = self
             entry = self.entries[key] = Entry(mode, options, algorithm, optimizer)
-            entry.horovod_register = getattr(type(optimizer), "register_local_var", None)  # Horovod-based modes
             for ref in self.local_vars:
                 entry.register(ref.deref())
             optimizer.register_local_var = self.register_local_var

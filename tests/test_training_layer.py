@@ -6,10 +6,11 @@
 * custom loops: Horovod's TF2 example step (its first-step broadcast inside the tf.function) under
   ``hetsync.job_steps``, with a slow rank, uneven shards and per-rank stops (tests/mpi/custom_loops.py);
 * prompt ends: per-rank time budgets inside one 100,000-step epoch, every mode and auto (tests/mpi/long_epoch.py);
-* real models and optimizers, two fits per mode: under mixed_float16 a lazily built Sequential with BatchNorm and
-  Dropout, its LossScaleOptimizer(Adam) rebuilt by get_config/from_config, on finite shards; a functional model with
-  an Embedding (sparse gradients), a legacy optimizer with momentum and Horovod's register_local_var; each below a
-  loss an untrained model cannot reach (tests/mpi/model_matrix.py).
+* real models and optimizers, one fit per mode (tests/mpi/model_matrix.py's quick variant): under mixed_float16 a
+  subclassed model with Conv2D, BatchNorm, Dropout and an Embedding (sparse gradients), a legacy SGD with momentum
+  inside a LossScaleOptimizer rebuilt by get_config/from_config, Horovod's register_local_var, finite shards; below
+  a loss an untrained model cannot reach.  `make test-full` adds the two separate fits per mode of the long variant
+  (a new optimizer, Adam, under loss scaling among them) in a job of its own.
 
 Job epochs in ``fit`` are checked in test_dropin.py (Horovod's Keras example, every mode) and the Job Clock's rule
 alone in test_job_clock.py.
@@ -17,6 +18,8 @@ alone in test_job_clock.py.
 import pytest
 
 from conftest import assert_passed, mpi_env, run_together
+
+from hetsync.algorithms import available_modes
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +29,7 @@ def job():
     process after job_steps with per-rank stops, docs/limitations.md)."""
     runs = [["front-doors", "tests/mpi/front_doors.py"], ["bare-loops", "tests/mpi/bare_loops.py"],
             ["long-epoch", "tests/mpi/long_epoch.py"],
-            ["model-matrix", "tests/mpi/model_matrix.py"],
+            ["model-matrix", "tests/mpi/model_matrix.py", "quick"],
             ["custom-loops", "tests/mpi/custom_loops.py"]]
     proc = run_together(4, runs, timeout=1200, env=mpi_env(HETSYNC_TIMEOUT=60))
     assert "stall" not in proc.stdout.lower(), proc.stdout[-6000:]
@@ -60,4 +63,18 @@ def test_every_rank_leaves_a_100000_step_epoch_soon_after_the_last_stop(job):
 
 
 def test_real_models_and_optimizers_in_every_mode(job):
+    """tests/mpi/model_matrix.py's quick variant: one fit per mode of a model and optimizer that carry mixed
+    precision, BatchNormalization, an Embedding, a legacy optimizer under loss scaling, from_config and a
+    worker-local variable together (the two separate fits of every mode: test_real_models_two_fits_per_mode)."""
     assert_passed(job, "model-matrix", 4)
+    assert job.stdout.count("local var ok (one fit)") == len(available_modes()), job.stdout[-4000:]
+
+
+@pytest.mark.full
+def test_real_models_two_fits_per_mode():
+    """`make test-full`: tests/mpi/model_matrix.py's two fits per mode (a new Keras optimizer under loss scaling
+    with BatchNormalization on finite shards; an Embedding with a legacy optimizer under loss scaling and a
+    worker-local variable), in a job of their own."""
+    proc = run_together(4, [["model-matrix-full", "tests/mpi/model_matrix.py"]], timeout=900,
+                        env=mpi_env(HETSYNC_TIMEOUT=60))
+    assert_passed(proc, "model-matrix-full", 4)

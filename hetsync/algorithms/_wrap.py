@@ -70,6 +70,17 @@ def _left_exchange(after):
         return tf.py_function(loop.left_exchange, [], tf.int32, name="hetsync_left_exchange")
 
 
+def update_result(optimizer, iterations):
+    """What a replaced ``apply_gradients`` returns, given the tensor it would return (the optimizer's
+    ``iterations`` read after the update): the kind the optimizer's own would.  A legacy Keras optimizer returns
+    an Operation (its ``iterations.assign_add``), the new ones a tensor; a ``LossScaleOptimizer`` puts the call in a
+    ``tf.cond`` beside a branch of the optimizer's own kind, and the two must match (mixed precision with a legacy
+    optimizer failed there to trace)."""
+    if isinstance(optimizer, tf.keras.optimizers.legacy.Optimizer) and not tf.executing_eagerly():
+        return tf.group(iterations)
+    return iterations
+
+
 def rebuild_from_config(cls, base, algorithm):
     """Gives ``cls`` (a class made for one wrapped optimizer: ours, or Horovod's dynamic one) Horovod's
     ``from_config``: a new optimizer of the same mode and options from ``get_config()`` -- the user's optimizer's
@@ -177,7 +188,7 @@ def wrap_post_update(optimizer, algorithm):
 
         applied = tf.cond(ready, update, lambda: tf.constant(False))
         with tf.control_dependencies([applied]):
-            return tf.identity(self.iterations)
+            return update_result(self, tf.identity(self.iterations))
 
     cls = type(base.__name__, (base,), {"apply_gradients": apply_gradients, "__module__": base.__module__})
     wrapped = base.from_config.__func__(cls, optimizer.get_config())

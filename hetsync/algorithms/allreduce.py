@@ -5,7 +5,7 @@ horovod_kwargs.NAMES, handed over unchanged; unset ones keep Horovod's defaults 
 benchmark that compares a mode against "allreduce" compares it against plain Horovod in the same run.
 """
 from hetsync.algorithms import horovod_kwargs, register
-from hetsync.algorithms._synchronous import IdleContribution, ReducedOnce, loss_scale_parts
+from hetsync.algorithms._synchronous import IdleContribution, ReducedOnce, horovod_optimizer, loss_scale_parts
 from hetsync.algorithms._wrap import rebuild_from_config
 from hetsync.algorithms.base import SyncAlgorithm
 
@@ -23,9 +23,10 @@ class HorovodAllreduce(IdleContribution, SyncAlgorithm):
         import types
 
         import horovod.tensorflow.keras as hvd_keras
+        import tensorflow as tf
 
         optimizer, loss_scaled = loss_scale_parts(optimizer, self)
-        wrapped = hvd_keras.DistributedOptimizer(optimizer, **self.horovod_kwargs)
+        wrapped = horovod_optimizer(hvd_keras, optimizer, self.horovod_kwargs)
         rebuild_from_config(type(wrapped), type(optimizer), self)  # Horovod's class is made for this optimizer
         # This rank's weight in the gradient average: 1, or 0 while it is idle (it stopped early; its steps still
         # take part in the others' allreduce, as Horovod's join would make them).  g * 1.0 == g exactly, so an
@@ -36,6 +37,7 @@ class HorovodAllreduce(IdleContribution, SyncAlgorithm):
         once = ReducedOnce()  # a custom loop's gradients are allreduced in apply_gradients
         algorithm = self
 
+        @tf.autograph.experimental.do_not_convert
         def _allreduce(opt, grads, variables):
             once.reduced()
             grads = algorithm.mark_compute_done(list(grads))

@@ -42,7 +42,7 @@ import tensorflow as tf
 
 from hetsync.algorithms import balanced_plan, horovod_kwargs, register
 from hetsync.algorithms._synchronous import loss_scale_parts
-from hetsync.algorithms._wrap import apply_locally, build_slots, rebuild_from_config
+from hetsync.algorithms._wrap import apply_locally, build_slots, rebuild_from_config, update_result
 from hetsync.algorithms.base import SyncAlgorithm
 from hetsync.algorithms.options import Option
 
@@ -171,7 +171,7 @@ class Balanced(SyncAlgorithm):
                 else:
                     total.assign_add(grad * tf.cast(n, grad.dtype))
             self._samples.assign_add(tf.cast(n, tf.float64))
-        return tf.identity(optimizer.iterations)
+        return update_result(optimizer, tf.identity(optimizer.iterations))
 
     def _micro_step(self, data):
         self._micro_n.assign(_samples(data))
@@ -238,7 +238,7 @@ class Balanced(SyncAlgorithm):
     def _finish(self, active):
         """The update (collective), then the plan for the next ones."""
         if self._update_fn is None:
-            self._update_fn = tf.function(self._update)
+            self._update_fn = tf.function(self._update, autograph=False)
         batch = float(self.feed.batch or 0) * self.backward_passes_per_step
         rate = statistics.median(self.rates) if self.rates and active else 0.0
         mine = tf.constant([rate, 1.0 if active else 0.0, batch], tf.float32)
@@ -355,7 +355,7 @@ class Balanced(SyncAlgorithm):
             return  # (data without an element spec: traced at the first update)
         self._micro_fn.get_concrete_function()
         if self._update_fn is None:  # (captures the accumulators: only once the micro-batch step made them)
-            self._update_fn = tf.function(self._update)
+            self._update_fn = tf.function(self._update, autograph=False)
         self._update_fn.get_concrete_function(tf.TensorSpec([FIELDS], tf.float32))
 
     def shares(self):

@@ -141,7 +141,9 @@ class ESync(SyncAlgorithm):
             self._globals = [tf.Variable(v.read_value(), trainable=False, name="hetsync_esync_w_t")
                              for v in trainable]
         self._trainable, self._others = trainable, others
-        self._aggregate_fn = tf.function(self._aggregate)
+        # (graph code with an explicit tf.cond: without AutoGraph, which would convert Horovod's allreduce function
+        # by function on a process's first trace)
+        self._aggregate_fn = tf.function(self._aggregate, autograph=False)
 
     # -- one Keras step = one round -----------------------------------------------------------------------------
     def run_step(self, train_function, iterator):
@@ -392,9 +394,14 @@ class ESync(SyncAlgorithm):
             new = tf.cast(m, v.dtype) if start else w.read_value() + tf.cast(eps * m, v.dtype)
             w.assign(new)
             v.assign(new)
-        if count > 0:
+
+        def take_others():  # (no worker trained: the non-trainable variables keep their values)
             for v, m in zip(others, mean[len(trainable):]):
                 v.assign(tf.cast(m, v.dtype))
+            return tf.constant(True)
+
+        if others:
+            tf.cond(count > 0, take_others, lambda: tf.constant(False))
         return count, job_steps
 
     # -- training layer / sync points ---------------------------------------------------------------------------------

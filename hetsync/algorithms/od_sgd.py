@@ -35,8 +35,8 @@ import tensorflow as tf
 
 from hetsync.algorithms import horovod_kwargs, register
 from hetsync.algorithms.options import TIMEOUT, Option
-from hetsync.algorithms._synchronous import IdleContribution, ReducedOnce, loss_scale_parts
-from hetsync.algorithms._wrap import build_slots, rebuild_from_config
+from hetsync.algorithms._synchronous import IdleContribution, ReducedOnce, horovod_optimizer, loss_scale_parts
+from hetsync.algorithms._wrap import build_slots, rebuild_from_config, update_result
 from hetsync.algorithms.base import SyncAlgorithm
 
 LOCAL_UPDATERS = ("sgd", "dc-asgd-c", "dc-asgd-a")
@@ -90,7 +90,7 @@ class ODSGD(IdleContribution, SyncAlgorithm):
 
         _runtime.require_init("sync='od-sgd'")
         optimizer, loss_scaled = loss_scale_parts(optimizer, self)
-        wrapped = hvd_keras.DistributedOptimizer(optimizer, **self.horovod_kwargs)
+        wrapped = horovod_optimizer(hvd_keras, optimizer, self.horovod_kwargs)
         rebuild_from_config(type(wrapped), type(optimizer), self)  # Horovod's class is made for this optimizer
         self.make_contribution()
         with tf.init_scope():
@@ -133,7 +133,7 @@ class ODSGD(IdleContribution, SyncAlgorithm):
                            lambda: algo._warm(pairs, args, kwargs),
                            lambda: algo._accumulate_or_train([g for g, _ in pairs], variables))
             with tf.control_dependencies([done]):
-                return tf.identity(opt.iterations)
+                return update_result(opt, tf.identity(opt.iterations))
 
         wrapped._allreduce = types.MethodType(_allreduce, wrapped)
         wrapped.apply_gradients = types.MethodType(apply_gradients, wrapped)

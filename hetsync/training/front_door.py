@@ -25,6 +25,8 @@ This module imports nothing from hetsync but the compatibility messages and the 
 import os
 import sys
 
+import tensorflow as tf
+
 from hetsync import compat
 from hetsync.algorithms._synchronous import horovod_tape_gradients
 
@@ -92,6 +94,7 @@ def guard(optimizer, algorithm):
     Keras' ``minimize`` and a custom loop both call it)."""
     apply = optimizer.apply_gradients
 
+    @tf.autograph.experimental.do_not_convert
     def apply_gradients(grads_and_vars, *args, **kwargs):
         grads_and_vars = list(grads_and_vars)
         refusal = problem(optimizer, algorithm, [g for g, _ in grads_and_vars])

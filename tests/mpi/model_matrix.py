@@ -1,4 +1,7 @@
-"""Run under mpirun -np 4: real models and optimizers in every mode (argument: modes, default all), in one job.
+"""Run under mpirun -np 4: real models and optimizers in every mode (arguments: ``[quick] [modes]``, modes default
+all), in one job.  ``quick`` (`make test`) runs one fit per mode of a two-input model that carries what the two fits
+below carry between them, with the legacy optimizer inside the LossScaleOptimizer (every_feature_in_one_fit: a new
+Keras optimizer under loss scaling is fit 1's alone); without it (`make test-full`), the two fits:
 
 Per mode, two short ``fit`` calls with Horovod's broadcast, metric-average and learning-rate schedule callbacks
 (the rate halved from the second epoch on), rank 3 2x slower:
@@ -8,8 +11,9 @@ Per mode, two short ``fit`` calls with Horovod's broadcast, metric-average and l
    ``steps_per_epoch=None`` on finite shards of different lengths (the job's epoch is their sum).  After fit the
    BatchNorm moving statistics are the same on every rank (the end-of-fit consensus averages every float variable,
    trainable or not) and moved away from their initial values.
-2. Functional model with an ``Embedding`` (sparse IndexedSlices gradients), a legacy optimizer
-   (``tf.keras.optimizers.legacy.SGD`` with momentum) and Horovod's ``register_local_var``: the registered bias
+2. Under ``mixed_float16`` too: a functional model with an ``Embedding`` (sparse IndexedSlices gradients), a legacy
+   optimizer (``tf.keras.optimizers.legacy.SGD`` with momentum) inside a ``LossScaleOptimizer`` and Horovod's
+   ``register_local_var``: the registered bias
    stays each worker's own (different on every rank: the shards differ), every other variable is the same
    everywhere.
 
@@ -40,7 +44,7 @@ from common import digit_images, without_autotune  # noqa: E402
 STEPS, EPOCHS = 6, 2
 # After fit, the probe loss is below this fraction of an untrained model's (ln 10).  Measured (2026-11-26, every
 # mode): mixed-batchnorm 0.083-0.210 (fractions 0.04-0.09), the token task 0.001-0.039 (up to 0.017).
-LOSS_FRACTION = {"mixed-batchnorm": 0.25, "embedding": 0.1}
+LOSS_FRACTION = {"mixed-batchnorm": 0.25, "embedding": 0.1, "every-feature": 0.25}
 LOSSES = []
 _TAGS = iter(range(10 ** 6))
 
@@ -151,24 +155,89 @@ def subclassed_batchnorm_mixed_on_finite_shards(mode, x, y):
 
 
 def embedding_legacy_local_var(mode):
-    """2. A functional model with an Embedding (sparse IndexedSlices gradients), a legacy optimizer
-    (``tf.keras.optimizers.legacy.SGD`` with momentum) and Horovod's ``register_local_var``: the registered bias
-    stays each worker's own (different on every rank: the shards differ), every other variable is the same
-    everywhere."""
-    inputs = tf.keras.Input((12,), dtype="int32")
-    # (initial embeddings of unit-ish scale: the label's token moves the logits from the first steps on)
-    h = tf.keras.layers.Embedding(10, 8, embeddings_initializer=tf.keras.initializers.RandomNormal(stddev=1.0))(inputs)
-    h = tf.keras.layers.Flatten()(h)
-    model = tf.keras.Model(inputs, tf.keras.layers.Dense(10)(h))
-    opt = hetsync_opt(tf.keras.optimizers.legacy.SGD(0.5, momentum=0.9), mode)
-    local = model.layers[-1].bias
-    opt.register_local_var(local)
-    x, y = tokens(hvd.rank())  # shards differ
-    fit(model, opt, repeated(x, y), (x[:256], y[:256]), mode, steps_per_epoch=2 * STEPS, what="embedding")
-    shared = [w for w in model.weights if w is not local]
-    same_everywhere((mode, "shared"), [w.numpy() for w in shared])
-    biases = hvd_tf.allgather_object(checksum([local.numpy()]), name=f"matrix.local.{next(_TAGS)}")
-    assert len(set(biases)) == hvd.size(), (mode, "a worker-local variable was exchanged or averaged", biases)
+    """2. Under ``mixed_float16`` too: a functional model with an Embedding (sparse IndexedSlices gradients), a
+    legacy optimizer (``tf.keras.optimizers.legacy.SGD`` with momentum) inside a ``LossScaleOptimizer`` (the legacy
+    one, Keras' choice for a legacy optimizer) and Horovod's ``register_local_var``: the registered bias stays each
+    worker's own (different on every rank: the shards differ), every other variable is the same everywhere.  (Both
+    once failed: the Horovod-based modes allreduced a local variable's gradient under a LossScaleOptimizer, and
+    balanced and OD-SGD did not trace under a legacy one.)"""
+    tf.keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        inputs = tf.keras.Input((12,), dtype="int32")
+        # (initial embeddings of unit-ish scale: the label's token moves the logits from the first steps on)
+        h = tf.keras.layers.Embedding(10, 8,
+                                      embeddings_initializer=tf.keras.initializers.RandomNormal(stddev=1.0))(inputs)
+        h = tf.keras.layers.Flatten()(h)
+        model = tf.keras.Model(inputs, tf.keras.layers.Dense(10, dtype="float32")(h))
+        opt = hetsync_opt(tf.keras.mixed_precision.LossScaleOptimizer(
+            tf.keras.optimizers.legacy.SGD(0.5, momentum=0.9)), mode)
+        local = model.layers[-1].bias
+        opt.register_local_var(local)
+        x, y = tokens(hvd.rank())  # shards differ
+        fit(model, opt, repeated(x, y), (x[:256], y[:256]), mode, steps_per_epoch=2 * STEPS, what="embedding")
+        shared = [w for w in model.weights if w is not local]
+        same_everywhere((mode, "shared"), [w.numpy() for w in shared])
+        biases = hvd_tf.allgather_object(checksum([local.numpy()]), name=f"matrix.local.{next(_TAGS)}")
+        assert len(set(biases)) == hvd.size(), (mode, "a worker-local variable was exchanged or averaged", biases)
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+
+
+class TwoInputNet(tf.keras.Model):
+    """The quick variant's one model: Net's image branch beside an ``Embedding`` of the token input (sparse
+    IndexedSlices gradients), joined into float32 logits."""
+
+    def __init__(self):
+        super().__init__()
+        self.image = Net()
+        self.embed = tf.keras.layers.Embedding(10, 8,
+                                               embeddings_initializer=tf.keras.initializers.RandomNormal(stddev=1.0))
+        self.flat = tf.keras.layers.Flatten()
+        self.out = tf.keras.layers.Dense(10, dtype="float32")
+
+    def call(self, inputs, training=False):
+        images, tokens = inputs
+        h = tf.concat([tf.cast(self.image(images, training=training), self.compute_dtype),
+                       tf.cast(self.flat(self.embed(tokens)), self.compute_dtype)], axis=-1)
+        return self.out(h)
+
+
+def every_feature_in_one_fit(mode, x, y):
+    """The quick variant (``quick``, `make test`): one fit per mode whose model and optimizer carry what the two
+    long fits carry between them -- ``mixed_float16``, a subclassed model (built by its first call) with Conv2D,
+    BatchNormalization and Dropout, an ``Embedding`` (sparse gradients), a legacy optimizer (SGD with momentum)
+    inside a ``LossScaleOptimizer``, rebuilt by ``get_config``/``from_config``, Horovod's ``register_local_var``
+    on the output bias, finite shards of 10, 12, 14, 16 batches with ``steps_per_epoch=None``.  The same checks:
+    the probe loss, Horovod's halved rate, one model (the local bias apart: different on every rank), BatchNorm's
+    moving statistics moved, an "own" mode's epoch the sum of the shards."""
+    tf.keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = TwoInputNet()
+        opt = hetsync_opt(tf.keras.mixed_precision.LossScaleOptimizer(
+            tf.keras.optimizers.legacy.SGD(0.05, momentum=0.9)), mode)
+        again = type(opt).from_config(opt.get_config())
+        assert again._hetsync_algorithm.name == mode, (mode, type(again).__mro__)
+        rng = np.random.default_rng(hvd.rank())
+        tokens_ = rng.integers(0, 10, size=(len(y), 12)).astype("int32")
+        tokens_[:, 0] = y  # the label's token: the embedding's part of the task
+        batches = 10 + 2 * hvd.rank()
+        n = 16 * batches
+        ds = without_autotune(tf.data.Dataset.from_tensor_slices(((x[:n], tokens_[:n]), y[:n])).batch(16))
+        model((x[:1], tokens_[:1]))  # built here: the output bias is registered before fit
+        local = model.out.bias
+        again.register_local_var(local)
+        before = hetsync.training.position()
+        fit(model, again, ds, ((x[:256], tokens_[:256]), y[:256]), mode, steps_per_epoch=None, what="every-feature")
+        assert hetsync.training.position() - before == EPOCHS * 16, (mode, hetsync.training.position() - before)
+        same_everywhere((mode, "every-feature"), [w.numpy() for w in model.weights if w is not local])
+        biases = hvd_tf.allgather_object(checksum([local.numpy()]), name=f"matrix.local.{next(_TAGS)}")
+        assert len(set(biases)) == hvd.size(), (mode, "a worker-local variable was exchanged or averaged", biases)
+        assert np.abs(model.image.bn.moving_mean.numpy()).max() > 0, (mode, "moving statistics never updated")
+        trained = hvd_tf.allgather_object(int(model.optimizer.iterations.numpy()), name=f"matrix.it.{next(_TAGS)}")
+        if again._hetsync_algorithm.STEPPING == "own":
+            assert abs(sum(trained) - EPOCHS * 52) <= 8, (mode, trained)
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
 
 
 def main():
@@ -176,13 +245,19 @@ def main():
     hetsync.init()
     tf.keras.utils.set_random_seed(hvd.rank())
     x, y = digits()
-    modes = sys.argv[1].split(",") if len(sys.argv) > 1 else algorithms.available_modes()
+    args = sys.argv[1:]
+    quick = bool(args) and args[0] == "quick"
+    args = args[1:] if quick else args
+    modes = args[0].split(",") if args else algorithms.available_modes()
     for mode in modes:
-        subclassed_batchnorm_mixed_on_finite_shards(mode, x, y)
-        embedding_legacy_local_var(mode)
+        if quick:
+            every_feature_in_one_fit(mode, x, y)
+        else:
+            subclassed_batchnorm_mixed_on_finite_shards(mode, x, y)
+            embedding_legacy_local_var(mode)
         if hvd.rank() == 0:
             print(f"{mode}: subclassed batchnorm + mixed precision + from_config on finite shards, embedding + "
-                  "legacy + local var ok", flush=True)
+                  f"legacy + local var ok{' (one fit)' if quick else ''}", flush=True)
     print(f"rank {hvd.rank()}: probe losses after fit: highest {max(loss for _, _, loss in LOSSES):.3f}", flush=True)
     assert hetsync.ops.engine_stats()["failed"] == 0
     hetsync.shutdown()
