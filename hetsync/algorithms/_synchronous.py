@@ -20,7 +20,7 @@ def horovod_optimizer(hvd_keras, optimizer, horovod_kwargs):
     2 loaded cores, ~8 of the first fit's ~10 s of tracing).  The instance's own attribute, nothing of Horovod's
     module is changed."""
     wrapped = hvd_keras.DistributedOptimizer(optimizer, **horovod_kwargs)
-    python = getattr(wrapped._allreduce_grads, "python_function", None)
+    python = getattr(getattr(wrapped, "_allreduce_grads", None), "python_function", None)
     if python is not None:  # (built eagerly, as Keras optimizers are: a tf.function)
         wrapped._allreduce_grads = tf.function(python, autograph=False)
         helper = wrapped._agg_helper  # backward_passes_per_step > 1: Horovod's aggregation calls it
