@@ -6,8 +6,9 @@ starts the engine on its own duplicated communicator, and, on rank 0, the coordi
 """
 import atexit
 
-from hetsync import env
+from hetsync import _logging, compat, env, ops
 from hetsync.algorithms.options import Option, check_all
+from hetsync.coordinator.services import JobServices
 
 _STATE = {"initialized": False, "timeout": None, "services": None}
 
@@ -37,8 +38,6 @@ def _hvd():
 
 def _check_horovod(hvd):
     """Raises a RuntimeError naming what is missing; every rank runs the same checks, so every rank raises."""
-    from hetsync import compat
-
     refusal = compat.runtime_problem()  # Elastic Horovod (docs/compatibility.md)
     if refusal:
         raise RuntimeError(refusal)
@@ -80,10 +79,8 @@ def init(timeout=None, comm_cache_size=None, away_after=None):
               {"timeout": timeout, "comm_cache_size": comm_cache_size, "away_after": away_after})
     hvd = _hvd()
     _check_horovod(hvd)
-    from hetsync import _logging
 
     _logging.configure(hvd.rank())  # the "hetsync" logger's defaults, unless the application set it up
-    from hetsync import ops
     ops.set_away_after(away_after)
     ops.engine_start(timeout=timeout, cache_size=comm_cache_size)
     info = ops.engine_info()
@@ -92,7 +89,6 @@ def init(timeout=None, comm_cache_size=None, away_after=None):
             f"hetsync's MPI world (rank {info['rank']} of {info['size']}) differs from Horovod's "
             f"(rank {hvd.rank()} of {hvd.size()}): run one Horovod job per MPI job")
     _STATE.update(initialized=True, timeout=timeout)
-    from hetsync.coordinator.services import JobServices
 
     _STATE["services"] = JobServices(hvd, timeout)
     _at_exit(shutdown)
@@ -123,7 +119,6 @@ def shutdown():
     failing = failed()
     services = _STATE.get("services")
     _STATE.update(initialized=False, services=None)
-    from hetsync import ops
 
     try:
         if services is not None:

@@ -18,6 +18,8 @@ import os
 import subprocess
 import sys
 
+from hetsync._version import __version__
+
 JOB_MARK = "hetsync-check-job"
 
 
@@ -30,13 +32,11 @@ def _line(ok, what, fix=None):
 
 def check_versions():
     """TensorFlow, Keras 2, Horovod with MPI and TensorFlow, hetsync: one line each."""
-    from hetsync._version import __version__
-
     ok = True
     try:
         import tensorflow as tf
 
-        from hetsync.compat import checks
+        from hetsync.compat import checks  # deferred (here and below): a failing import is this check's finding
 
         keras = checks.keras_version()
         keras_ok = keras.split(".")[0] == "2"
@@ -72,7 +72,7 @@ def check_ops():
     try:
         import horovod.tensorflow  # noqa: F401 -- maps the MPI library Horovod's extension links
 
-        from hetsync import ops  # noqa: F401
+        from hetsync import ops  # noqa: F401 -- deferred: a missing build is this check's finding
     except ImportError as exc:
         return _line(False, f"hetsync ops: {exc}",
                      "reinstall hetsync in this environment: pip install --no-build-isolation <hetsync>")
@@ -87,7 +87,7 @@ def check_coordinator():
     """rank 0's services bind this host's address and answer a client (what other hosts' ranks will do)."""
     import grpc
 
-    from hetsync.coordinator import server as gg_server
+    from hetsync.coordinator import server as gg_server  # deferred: each check loads only what it checks
 
     note = ""
     try:
@@ -118,7 +118,7 @@ def run_job_checks():
     import tensorflow as tf
 
     import hetsync
-    from hetsync import ops
+    from hetsync import ops  # deferred: the launcher process of `hetsync check` loads no TensorFlow
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()

@@ -10,8 +10,12 @@ tree, not with the package; a checkout runs them with `make demo`, `make bench` 
 import argparse
 import sys
 
+from hetsync import check
+from hetsync._version import __version__
+
 
 def _report(args):
+    # deferred: the report loads matplotlib, which `hetsync --version` and `hetsync check` do not need
     from hetsync.report import write_report
 
     try:
@@ -25,8 +29,6 @@ def _report(args):
 
 def parser():
     """The command's parser; docs/api.md's command list is checked against its subcommands (tests)."""
-    from hetsync._version import __version__
-
     top = argparse.ArgumentParser(prog="hetsync", description=__doc__.split("\n\n")[0])
     top.add_argument("--version", action="version", version=f"hetsync {__version__}")
     sub = top.add_subparsers(dest="command", required=True)
@@ -41,8 +43,6 @@ def parser():
 def main(argv=None):
     args = parser().parse_args(sys.argv[1:] if argv is None else list(argv))
     if args.command == "check":
-        from hetsync import check
-
         return check.main(["--np", str(args.np)])
     return _report(args)
 

@@ -21,7 +21,11 @@ writes that page alone).
 import os
 import sys
 
-from hetsync import _generated
+from hetsync import _generated, algorithms, compat, env
+from hetsync._runtime import INIT_OPTIONS
+from hetsync.algorithms import horovod_kwargs
+from hetsync.coordinator.auto_policy import DEFAULT_CANDIDATES, SETTINGS
+from hetsync.optimizer import AUTO_OWN, FAMILY_OPTIONS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUTPUT = os.path.join(ROOT, "docs", "options.md")
@@ -51,8 +55,6 @@ def _options_table(declared, env_of=None):
 
 def _horovod_table(modes):
     """Horovod's keyword arguments (rows) by mode (columns), from horovod_kwargs.support_table."""
-    from hetsync.algorithms import horovod_kwargs
-
     support = horovod_kwargs.support_table(modes)
     rows = ["| kwarg | " + " | ".join(f"`{m}`" for m in modes) + " |", "|---" * (len(modes) + 1) + "|"]
     for key in horovod_kwargs.NAMES:
@@ -73,8 +75,6 @@ def _summary(cls):
 
 def _modes():
     """The registered modes' classes, in the registry's module order (allreduce first), then definition order."""
-    from hetsync import algorithms
-
     algorithms._load_all()
     order = {f"{algorithms.__name__}.{m}": i for i, m in enumerate(algorithms._MODULES)}
     return sorted(algorithms._REGISTRY.values(), key=lambda cls: order.get(cls.__module__, len(order)))
@@ -88,11 +88,6 @@ def _anchor(title):
 
 def render():
     """The text of docs/options.md."""
-    from hetsync import env
-    from hetsync._runtime import INIT_OPTIONS
-    from hetsync.coordinator.auto_policy import DEFAULT_CANDIDATES, SETTINGS
-    from hetsync.optimizer import AUTO_OWN, FAMILY_OPTIONS
-
     modes = _modes()
     out = [
         "# Option reference",
@@ -190,8 +185,6 @@ def stale(path=OUTPUT):
 
 
 def main(argv=None):
-    from hetsync import compat  # docs/compatibility.md, generated beside this page (hetsync/compat/table.py)
-
     return _generated.main(argv, "python -m hetsync.docs", __doc__.split("\n\n")[0], OUTPUT, render,
                            also=[(compat.OUTPUT, compat.render)])
 

@@ -1,7 +1,10 @@
 """``hetsync.DistributedOptimizer``: the one line a Horovod Keras script changes."""
-from hetsync import algorithms
+from hetsync import _runtime, algorithms, compat
 from hetsync.algorithms import horovod_kwargs
 from hetsync.algorithms.options import Option, check_all, did_you_mean
+from hetsync.coordinator.auto_policy import AutoPolicy, SETTINGS
+from hetsync.switching import Family
+from hetsync.training import options as agreement
 
 REPORT_EVERY = 8  # sync="auto": steps between a rank's Switch Board reports (switchboard.py, "Report cadence")
 FAMILY_OPTIONS = {  # every mode's
@@ -49,10 +52,6 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
       After a live switch (hetsync.callbacks.SyncModeCallback, or auto) ``model.optimizer`` is the mode's optimizer in force,
       holding the same state.
     """
-    from hetsync import compat
-    from hetsync.switching import Family
-    from hetsync.training import options as agreement
-
     hvd_kwargs = _given_horovod_kwargs(locals())
     options = dict(options)
     given, sync = sync, algorithms.canonical(sync)  # "ripples_smart" is "ripples-smart"
@@ -75,7 +74,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                              agreement.fingerprint({"sync": sync, "options": {**hvd_kwargs, **options,
                                                                               "job_epochs": job_epochs}}))
     if sync != "auto":
-        return Family(optimizer, hvd_kwargs, job_epochs=own["job_epochs"]).start(sync, mode_options)
+        return Family(optimizer, hvd_kwargs, job_epochs=own["job_epochs"], rebuild=DistributedOptimizer).start(
+            sync, mode_options)
     return _auto(optimizer, hvd_kwargs, auto, own["job_epochs"])
 
 
@@ -118,9 +118,6 @@ def _check_optimizer(optimizer):
 
 def _auto_settings(options):
     """sync="auto": its own settings checked (report_every, pretrace, the policy's), candidates included."""
-    from hetsync.coordinator.auto_policy import SETTINGS, AutoPolicy
-    from hetsync.switching import Family
-
     unknown = sorted(set(options) - set(AUTO_OWN) - set(SETTINGS) - {"candidates"})
     if unknown:
         raise ValueError(f"unknown option(s) {unknown} for sync='auto'; valid options: "
@@ -138,14 +135,11 @@ def _auto_settings(options):
 
 def _auto(optimizer, hvd_kwargs, auto, job_epochs):
     """``auto``: :func:`_auto_settings`' result, already checked on every rank."""
-    from hetsync import _runtime
-    from hetsync.switching import Family
-
     _runtime.require_init("sync='auto'")
     services = _runtime.services()
     candidates = auto["candidates"]
     family = Family(optimizer, hvd_kwargs, auto={**auto["settings"], "candidates": candidates},
-                    report_every=auto["report_every"], job_epochs=job_epochs)
+                    report_every=auto["report_every"], job_epochs=job_epochs, rebuild=DistributedOptimizer)
     if auto["pretrace"]:
         family.pretrace = list(candidates.values())
     if services.rank == 0:  # the Switch Board builds the policy for the job's size from the same settings

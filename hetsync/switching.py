@@ -29,9 +29,12 @@ import time
 
 import tensorflow as tf
 
-from hetsync import algorithms
+from hetsync import _runtime, algorithms, compat
 from hetsync.algorithms import horovod_kwargs
+from hetsync.algorithms._wrap import build_slots
+from hetsync.coordinator.switchboard import canonical
 from hetsync.training import front_door
+from hetsync.training.consensus import _weighted_average
 
 log = logging.getLogger("hetsync.switching")
 
@@ -44,8 +47,6 @@ def _hvd():
 
 def key_of(mode, options):
     """(mode, canonical options JSON): the family's cache key, as the Switch Board compares requests."""
-    from hetsync.coordinator.switchboard import canonical
-
     return mode, canonical(options)
 
 
@@ -86,11 +87,25 @@ def _horovod_registration(optimizer):
     return None
 
 
+def give_from_config(cls, base, algorithm, rebuild):
+    """Gives ``cls`` (the class a mode's ``wrap`` made for one optimizer: ours, Horovod's dynamic one, or the
+    loss-scale wrapper put back around it) Horovod's ``from_config``: a new optimizer of the same mode and options
+    from ``get_config()``, the user's optimizer's config, through ``rebuild`` (``hetsync.DistributedOptimizer``).
+    Collective, like that call, so every rank rebuilds it (as ``hvd.load_model``)."""
+
+    def from_config(klass, config, custom_objects=None):
+        fresh = base.from_config(config, custom_objects) if custom_objects else base.from_config(config)
+        return rebuild(fresh, sync=algorithm.name, **algorithm.options, **algorithm.horovod_kwargs)
+
+    cls.from_config = classmethod(from_config)
+
+
 class Family:
     """The optimizers one ``hetsync.DistributedOptimizer`` call stands for: one per mode the job uses."""
 
-    def __init__(self, base_optimizer, horovod_kwargs, auto=None, report_every=1, job_epochs=True):
+    def __init__(self, base_optimizer, horovod_kwargs, auto=None, report_every=1, job_epochs=True, rebuild=None):
         self.base = base_optimizer
+        self.rebuild = rebuild              # hetsync.DistributedOptimizer, for each optimizer's from_config
         self.horovod_kwargs = dict(horovod_kwargs)
         self.auto = auto                    # sync="auto": the policy's settings (dict), else None
         self.report_every = int(report_every)  # Switch Board report cadence (steps), the same on every rank
@@ -122,6 +137,8 @@ class Family:
             algorithm = algorithms.create(mode, **options, **self.horovod_kwargs)
             algorithm.local_vars = self.local_vars
             optimizer = algorithm.wrap(self.base)
+            if self.rebuild is not None:
+                give_from_config(type(optimizer), type(self.base), algorithm, self.rebuild)
             algorithm.make_compute_stamp()
             if getattr(optimizer, "_hetsync_algorithm", None) is None:
                 optimizer._hetsync_algorithm = algorithm
@@ -158,8 +175,6 @@ class Family:
 
 def copy_optimizer_state(old, new, variables):
     """``iterations``, slots and hyper-parameter variables of ``old`` into ``new`` (same user optimizer class)."""
-    from hetsync.algorithms._wrap import build_slots
-
     build_slots(old, variables)
     build_slots(new, variables)
     src, dst = _optimizer_variables(old), _optimizer_variables(new)
@@ -215,8 +230,6 @@ def pretrace(sync_points, iterator):
     slowest tracer).  A candidate is wrapped but not activated: its coordinator set-up (Group Generator
     configuration, State Server) happens at the switch into it, so the services of the mode in force are
     untouched."""
-    from hetsync.algorithms._wrap import build_slots
-
     model, family = sync_points.model, sync_points.family
     targets, family.pretrace = family.pretrace, []
     optimizer, train_function = model.optimizer, model.train_function
@@ -252,7 +265,6 @@ def preflight(family, mode, options):
         entry = family.entries.get(key)
         algorithm = entry.algorithm if entry is not None else family.validate(mode, options)
         algorithm.preflight()
-        from hetsync import compat
 
         refusal = compat.switch_problem(getattr(family, "fit_model", None), mode)  # docs/compatibility.md
         if refusal:
@@ -267,8 +279,6 @@ def muster(family, mode, options, position):
     every rank reports its :func:`preflight` to the Switch Board and hears everyone's.  Returns None (switch) or
     the refusal's reason (the same text on every rank).  A rank that does not come within the engine timeout is
     named in a RuntimeError on every rank that came: never an endless wait in the switch's Horovod average."""
-    from hetsync import _runtime
-
     attempt = family.attempts
     family.attempts += 1
     error = preflight(family, mode, options)
@@ -299,10 +309,6 @@ def refuse(sync_points, mode, options, reason, why, decision_id=None):
 def perform(sync_points, mode, options, reason, decision_id=None):
     """Switches the job to ``mode`` here (collective: every rank calls it at the same point).  See the module
     docstring for the steps.  Returns the switch's record, or None when the roll call refused it."""
-    from hetsync import ops
-    from hetsync.algorithms.decentralized import DecentralizedAlgorithm
-    from hetsync.training.consensus import _weighted_average
-
     model, family = sync_points.model, sync_points.family
     began = time.monotonic()
     why = muster(family, mode, options, sync_points.position)
@@ -310,13 +316,10 @@ def perform(sync_points, mode, options, reason, decision_id=None):
         refuse(sync_points, mode, options, reason, why, decision_id)
         return None
     old_entry = family.current_entry
-    old = old_entry.algorithm
-    out = sync_points.idle or sync_points.out_for_epoch
-    ops.set_availability(ops.AWAY)
-    old.on_consensus_begin()
+    old, life = old_entry.algorithm, sync_points.life
+    life.switch_begins()
     drained = old.drain(old_entry.optimizer, model.trainable_variables)
-    old.deactivate()
-    ops.withdraw()
+    life.retire()
     # weight 0: a rank that trained nothing since the last sync point (its model is that point's), unless the drain
     # just applied gradients here
     trained = sync_points.steps_since_sync > 0 or any(drained.values())
@@ -330,23 +333,14 @@ def perform(sync_points, mode, options, reason, decision_id=None):
     reconcile_optimizer(entry.optimizer, f"hetsync.switch.{len(family.history)}")
     model.optimizer = entry.optimizer
     family.current = key_of(mode, options)
-    new.activate()
-    if isinstance(new, DecentralizedAlgorithm):
-        new.on_consensus_end(out)       # rejoins (and withdraws again when idle)
-    else:
-        ops.rejoin()
-        new.on_consensus_end(out)
-        if out:
-            new.on_idle()
-    if not out:
-        new.on_resume()
+    life.install(new)  # a new engine session; the new mode withdrawn again on a rank that is out or stopped
     traced_here = entry.train_function is None
     if traced_here:
         model.train_function = None
         entry.train_function = model.make_train_function(force=True)
     else:
         model.train_function = entry.train_function
-    sync_points.algorithm = new  # the fit's SyncPoints callback adopts it (training/callbacks.py)
+    # (the fit's SyncPoints callback adopts the new mode: training/callbacks.py)
     sync_points.steps_since_sync = 0
     record = {"id": decision_id, "from": old_entry.mode, "to": mode, "options": options, "reason": reason,
               "position": sync_points.position, "time": time.time(), "seconds": time.monotonic() - began,
@@ -356,6 +350,5 @@ def perform(sync_points, mode, options, reason, decision_id=None):
         log.log(logging.INFO if _hvd().rank() == 0 else logging.DEBUG, "step %s: switched %s -> %s%s (%s) in %.2f s",
                 sync_points.position, old_entry.mode, mode, " " + json.dumps(options) if options else "", reason,
                 record["seconds"])
-    if not out:
-        ops.set_availability(ops.BETWEEN)
+    life.switch_ends()
     return record

@@ -104,12 +104,12 @@ def test_refusals_name_what_is_not_supported(monkeypatch):
             assert problem is None and "takes the tape's allreduce for its own" in str(caught[0].message)
     # hvd.load_model's optimizer (Horovod's own) in a hetsync process: one warning
     horovod_opt = type("DistributedSGD", (), {"_allreduce": None, "__module__": "horovod._keras"})()
-    monkeypatch.setattr(_runtime, "is_initialized", lambda: True)
     compat._LOADED["warned"] = False
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        compat.horovod_optimizer_warning(types.SimpleNamespace(optimizer=horovod_opt))
-        compat.horovod_optimizer_warning(types.SimpleNamespace(optimizer=horovod_opt))
+        compat.horovod_optimizer_warning(types.SimpleNamespace(optimizer=horovod_opt), False)  # no hetsync here
+        compat.horovod_optimizer_warning(types.SimpleNamespace(optimizer=horovod_opt), True)
+        compat.horovod_optimizer_warning(types.SimpleNamespace(optimizer=horovod_opt), True)
     assert len(caught) == 1 and "hvd.load_model" in str(caught[0].message)
 
 

@@ -4,6 +4,8 @@ Each method is one module that registers itself with ``@register``; importing th
 """
 import importlib
 
+from hetsync.algorithms.options import did_you_mean
+
 _REGISTRY = {}
 _MODULES = ["allreduce", "ripples_static", "ripples_gg", "eager", "hop", "esync", "od_sgd", "balanced"]
 
@@ -38,8 +40,6 @@ def canonical(sync):
 def create(sync, **options):
     """Instantiates the algorithm registered as ``sync`` (underscores read as hyphens); ValueError lists the valid
     names and the closest one."""
-    from hetsync.algorithms.options import did_you_mean
-
     _load_all()
     name = canonical(sync)
     if not isinstance(name, str) or name not in _REGISTRY:

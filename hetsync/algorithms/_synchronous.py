@@ -9,8 +9,6 @@ Every step's gradients are allreduced once, whichever door the step came through
 """
 import tensorflow as tf
 
-from hetsync.algorithms._wrap import rebuild_from_config
-
 
 def horovod_optimizer(hvd_keras, optimizer, horovod_kwargs):
     """``hvd_keras.DistributedOptimizer(optimizer, **horovod_kwargs)``, its gradient allreduce traced without
@@ -119,8 +117,7 @@ def loss_scale_parts(optimizer, algorithm):
     base = type(optimizer)
 
     def rewrap(wrapped):
-        cls = type(base.__name__, (base,), {"__module__": base.__module__})
-        rebuild_from_config(cls, base, algorithm)
+        cls = type(base.__name__, (base,), {"__module__": base.__module__})  # its from_config: switching.Family
         return cls(wrapped, **settings)
 
     return inner, rewrap

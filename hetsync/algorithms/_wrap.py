@@ -58,16 +58,31 @@ def build_slots(optimizer, variables):
         build_slots(inner, variables)
 
 
+_EXCHANGE = {"listener": None}  # what hears, from the graph, that a step's exchange is over (a custom loop's driver)
+
+
+def on_exchange_done(listener):
+    """``hetsync.job_steps`` asks to hear when each step's exchange is over (training/loop.py); None: it stops.
+    The graph calls whatever listens when the step runs, so a traced step serves every loop."""
+    _EXCHANGE["listener"] = listener
+
+
+def _exchange_done():
+    listener = _EXCHANGE["listener"]
+    if listener is not None:
+        listener()
+    return 0
+
+
 def _left_exchange(after):
     """Graph code, after this step's exchange (P-Reduce, partial allreduce, Hop's Recv): in a custom loop driven by
     ``hetsync.job_steps`` the rank will not come to another hetsync collective before its next step, so it reports
-    BETWEEN now.  A Horovod collective later in the same step (Horovod's first-step ``broadcast_variables``) then
-    cannot deadlock a peer whose exchange this rank was grouped into: the peer goes on without it after
-    ``away_after`` (docs/engine.md, "Availability").  ``Model.fit`` marks the step's end itself: nothing happens."""
-    from hetsync.training import loop
-
+    BETWEEN now (the lifecycle's ``left_exchange``).  A Horovod collective later in the same step (Horovod's
+    first-step ``broadcast_variables``) then cannot deadlock a peer whose exchange this rank was grouped into: the
+    peer goes on without it after ``away_after`` (docs/engine.md, "Availability").  ``Model.fit`` marks the step's
+    end itself: nobody listens, nothing happens."""
     with tf.control_dependencies([a for a in after if a is not None]):
-        return tf.py_function(loop.left_exchange, [], tf.int32, name="hetsync_left_exchange")
+        return tf.py_function(_exchange_done, [], tf.int32, name="hetsync_left_exchange")
 
 
 def update_result(optimizer, iterations):
@@ -79,20 +94,6 @@ def update_result(optimizer, iterations):
     if isinstance(optimizer, tf.keras.optimizers.legacy.Optimizer) and not tf.executing_eagerly():
         return tf.group(iterations)
     return iterations
-
-
-def rebuild_from_config(cls, base, algorithm):
-    """Gives ``cls`` (a class made for one wrapped optimizer: ours, or Horovod's dynamic one) Horovod's
-    ``from_config``: a new optimizer of the same mode and options from ``get_config()`` -- the user's optimizer's
-    config.  Collective, like ``hetsync.DistributedOptimizer``, so every rank rebuilds it (as hvd.load_model)."""
-
-    def from_config(klass, config, custom_objects=None):
-        from hetsync.optimizer import DistributedOptimizer
-
-        fresh = base.from_config(config, custom_objects) if custom_objects else base.from_config(config)
-        return DistributedOptimizer(fresh, sync=algorithm.name, **algorithm.options, **algorithm.horovod_kwargs)
-
-    cls.from_config = classmethod(from_config)
 
 
 def _densify(grads_and_vars):
@@ -192,7 +193,6 @@ def wrap_post_update(optimizer, algorithm):
 
     cls = type(base.__name__, (base,), {"apply_gradients": apply_gradients, "__module__": base.__module__})
     wrapped = base.from_config.__func__(cls, optimizer.get_config())
-    rebuild_from_config(cls, base, algorithm)
     wrapped._hetsync_accumulation = _Accumulation()
     wrapped._hetsync_algorithm = algorithm
     return wrapped

@@ -6,7 +6,6 @@ benchmark that compares a mode against "allreduce" compares it against plain Hor
 """
 from hetsync.algorithms import horovod_kwargs, register
 from hetsync.algorithms._synchronous import IdleContribution, ReducedOnce, horovod_optimizer, loss_scale_parts
-from hetsync.algorithms._wrap import rebuild_from_config
 from hetsync.algorithms.base import SyncAlgorithm
 
 
@@ -27,7 +26,6 @@ class HorovodAllreduce(IdleContribution, SyncAlgorithm):
 
         optimizer, loss_scaled = loss_scale_parts(optimizer, self)
         wrapped = horovod_optimizer(hvd_keras, optimizer, self.horovod_kwargs)
-        rebuild_from_config(type(wrapped), type(optimizer), self)  # Horovod's class is made for this optimizer
         # This rank's weight in the gradient average: 1, or 0 while it is idle (it stopped early; its steps still
         # take part in the others' allreduce, as Horovod's join would make them).  g * 1.0 == g exactly, so an
         # active rank computes what hvd.DistributedOptimizer computes, bit for bit.  Patched on the instance:
@@ -49,7 +47,6 @@ class HorovodAllreduce(IdleContribution, SyncAlgorithm):
         wrapped._allreduce = types.MethodType(_allreduce, wrapped)
         wrapped.apply_gradients = apply_gradients
         return loss_scaled(wrapped)
-
 
 
 def _scaled(grad, factor):

@@ -42,7 +42,8 @@ import tensorflow as tf
 
 from hetsync.algorithms import balanced_plan, horovod_kwargs, register
 from hetsync.algorithms._synchronous import loss_scale_parts
-from hetsync.algorithms._wrap import apply_locally, build_slots, rebuild_from_config, update_result
+from hetsync.algorithms._wrap import apply_locally, build_slots, update_result
+from hetsync.algorithms.balanced_feed import MicroBatchFeed, samples_of
 from hetsync.algorithms.base import SyncAlgorithm
 from hetsync.algorithms.options import Option
 
@@ -108,7 +109,7 @@ class Balanced(SyncAlgorithm):
         factor = 1.0 if self.average_aggregated_gradients else float(passes)
         self.factor = factor * (self.size if self.horovod_kwargs.get("op") is hvd.Sum else 1.0)
         self.local_hooks, self.model = [], None
-        self.feed = _Feed(self.options["micro_batch"])
+        self.feed = MicroBatchFeed(self.options["micro_batch"])
         self.plan = None                 # samples per update of every rank (None: Horovod's split, one batch each)
         self.batches = None              # every rank's Horovod share (batch size x passes), from the first update
         self.active = None
@@ -129,7 +130,6 @@ class Balanced(SyncAlgorithm):
 
         cls = type(base.__name__, (base,), {"apply_gradients": apply_gradients, "__module__": base.__module__})
         wrapped = base.from_config.__func__(cls, optimizer.get_config())
-        rebuild_from_config(cls, base, self)
         wrapped._hetsync_algorithm = self
         self.optimizer = wrapped
         return loss_scaled(wrapped)
@@ -174,7 +174,7 @@ class Balanced(SyncAlgorithm):
         return update_result(optimizer, tf.identity(optimizer.iterations))
 
     def _micro_step(self, data):
-        self._micro_n.assign(_samples(data))
+        self._micro_n.assign(samples_of(data))
         return self.model.train_step(data)
 
     # -- one Keras step = one update ----------------------------------------------------------------------------
@@ -372,80 +372,3 @@ class Balanced(SyncAlgorithm):
         return {"updates": self.updates, "plans": len(self.history), "share": round(shares[rank], 4),
                 "samples_per_update": (self.plan or [0] * (rank + 1))[rank], "shares": [round(x, 3) for x in shares]}
 
-
-def _first(data):
-    return [t for t in tf.nest.flatten(data) if t is not None][0]
-
-
-@tf.autograph.experimental.do_not_convert
-def _samples(data):
-    """Graph: the micro-batch's samples (its first tensor's batch dimension).  Not converted by AutoGraph: seen
-    converted to another function of this module once (under sync="auto"'s pretrace), and there is nothing to
-    convert."""
-    return tf.cast(tf.shape(_first(data))[0], tf.float32)
-
-
-def _size(data):
-    return int(_first(data).shape[0])
-
-
-def _cut(data, start, stop):
-    return tf.nest.map_structure(lambda t: None if t is None else t[start:stop], data)
-
-
-def _join(parts):
-    if len(parts) == 1:
-        return parts[0]
-    return tf.nest.map_structure(lambda *ts: None if ts[0] is None else tf.concat(ts, 0), *parts)
-
-
-class _Feed:
-    """This rank's samples: its batches from Keras' iterator, cut and joined into micro-batches of at most its
-    batch size (or ``cap`` samples).  The rest of a cut batch is the start of the next update's samples, so no sample is skipped."""
-
-    def __init__(self, cap=None):
-        self.rest, self.batch, self.cap = None, None, cap
-
-    def reset(self):
-        self.rest = None
-
-    def _next(self, iterator):
-        data = next(iterator)
-        n = _size(data)
-        self.batch = max(self.batch or 0, n)
-        return data
-
-    def micro_batches(self, iterator, need):
-        """Yields (data, samples) adding up to ``need`` samples (``None``: one batch, whole); fewer when the
-        iterator runs out after the first (it raises when it is out at once, as Keras' own step does)."""
-        if need is None:
-            if self.rest is not None:
-                data, self.rest = self.rest, None
-            else:
-                data = self._next(iterator)
-            yield data, _size(data)
-            return
-        given = 0
-        while given < need:
-            parts, got = [], 0
-            while True:
-                limit = min(need - given, self.cap or self.batch) if self.batch else need - given
-                if got >= limit:
-                    break
-                if self.rest is None:
-                    try:
-                        self.rest = self._next(iterator)
-                    except (StopIteration, tf.errors.OutOfRangeError):
-                        if given == 0 and not parts:
-                            raise
-                        break
-                    continue
-                have = _size(self.rest)
-                take = min(limit - got, have)
-                parts.append(_cut(self.rest, 0, take) if take < have else self.rest)
-                self.rest = _cut(self.rest, take, have) if take < have else None
-                got += take
-            if not parts:
-                return
-            given += got
-            yield _join(parts), got

@@ -4,6 +4,7 @@
 everything method-specific lives in the algorithm's module.
 """
 from hetsync.algorithms import horovod_kwargs
+from hetsync.algorithms._wrap import flush_accumulation
 from hetsync.algorithms.options import check_all, did_you_mean
 
 
@@ -185,8 +186,6 @@ class SyncAlgorithm:
         mode's, in force), so the average that follows shares them and none is lost or applied twice.  Default:
         the ``backward_passes_per_step`` accumulators (_wrap.flush_accumulation).  Returns what was applied (dict of
         counts, for the switch's record)."""
-        from hetsync.algorithms._wrap import flush_accumulation
-
         return {"accumulated": flush_accumulation(optimizer, variables)}
 
     def deactivate(self):

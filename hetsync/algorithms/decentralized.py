@@ -5,6 +5,7 @@ collectives, so it withdraws from them first: the engine tells every peer, and a
 continues without it (docs/engine.md).  After the round all workers rejoin a new session; a worker whose training
 has ended withdraws again at once, so the others never wait on it.
 """
+from hetsync import ops
 from hetsync.algorithms.base import SyncAlgorithm
 
 
@@ -12,8 +13,6 @@ class DecentralizedAlgorithm(SyncAlgorithm):
     """Withdraws from P-Reduce for each consensus round and rejoins after it."""
 
     def on_consensus_begin(self):
-        from hetsync import ops
-
         ops.withdraw()
 
     def on_idle(self):
@@ -21,8 +20,6 @@ class DecentralizedAlgorithm(SyncAlgorithm):
         self.on_consensus_begin()
 
     def on_consensus_end(self, finished):
-        from hetsync import ops
-
         ops.rejoin()
         if finished:
             ops.withdraw()

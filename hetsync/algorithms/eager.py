@@ -37,10 +37,11 @@ import itertools
 
 import tensorflow as tf
 
+from hetsync import _runtime, ops
 from hetsync.algorithms import register
-from hetsync.algorithms.options import TIMEOUT, Option
-from hetsync.algorithms._wrap import wrap_post_update
+from hetsync.algorithms._wrap import apply_locally, wrap_post_update
 from hetsync.algorithms.base import SyncAlgorithm
+from hetsync.algorithms.options import Option, TIMEOUT
 
 DEFAULT_MODEL_SYNC_EVERY = 200
 _WRAPS = itertools.count()  # collective names: the n-th wrapped optimizer of the process (same order on all ranks)
@@ -97,8 +98,6 @@ class EagerSGD(SyncAlgorithm):
         return self.options["model_sync_epochs"]
 
     def wrap(self, optimizer):
-        from hetsync import _runtime
-
         _runtime.require_init(f"sync={self.name!r}")
         import horovod.tensorflow as hvd
 
@@ -118,9 +117,6 @@ class EagerSGD(SyncAlgorithm):
         took: ops.partial_drain) is applied here as one local update of the user's optimizer.  The switch's average
         then shares it, so every gradient is applied exactly once (with late="accumulate"; weight 1/P per rank, as
         a round's result) and nothing waits in the engine for a later return to this mode."""
-        from hetsync import ops
-        from hetsync.algorithms._wrap import apply_locally
-
         done = super().drain(optimizer, variables)
         drained = []
         for wire, exchanged in sorted(self._exchanged.items()):
@@ -134,8 +130,6 @@ class EagerSGD(SyncAlgorithm):
 
     def before_update(self, grads, variables):
         """The gradient exchange of one step: one partial allreduce per dtype (float32 for half precisions)."""
-        from hetsync import ops
-
         out = [None] * len(grads)
         groups = {}
         for i, g in enumerate(grads):
@@ -170,8 +164,6 @@ class EagerSGD(SyncAlgorithm):
         """Per-rank counters: calls, calls whose gradients made their round (included) or came late (missed),
         mean NAP of the returned rounds, rounds this rank's engine ran, mean staleness (rounds) of its
         contributions."""
-        from hetsync import ops
-
         stats = ops.engine_stats()
         calls = int(self._calls.numpy()) if self._calls is not None else 0
         contributed = stats["partial_contributed"]

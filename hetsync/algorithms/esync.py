@@ -65,13 +65,14 @@ import time
 
 import tensorflow as tf
 
+from hetsync import _runtime
 from hetsync.algorithms import register
-from hetsync.algorithms.options import TIMEOUT, Option
-from hetsync.algorithms._wrap import build_slots, wrap_post_update
+from hetsync.algorithms._wrap import wrap_post_update
 from hetsync.algorithms.base import SyncAlgorithm
+from hetsync.algorithms.esync_snapshot import restore, snapshot
+from hetsync.algorithms.options import Option, TIMEOUT
 
 _WRAPS = itertools.count()
-
 
 
 @register
@@ -109,8 +110,6 @@ class ESync(SyncAlgorithm):
 
     # -- set-up -------------------------------------------------------------------------------------------------
     def wrap(self, optimizer):
-        from hetsync import _runtime
-
         _runtime.require_init("sync='esync'")
         services = _runtime.services()
         self.client = services.state_client()  # a channel: the State Server is installed by activate
@@ -162,7 +161,7 @@ class ESync(SyncAlgorithm):
                     ready = self.client.query(k, self._c, self._t_e)
                 if ready:
                     break
-            saved = self._snapshot() if future is not None and self.options["on_ready"] == "abort" else None
+            saved = snapshot(self.model) if future is not None and self.options["on_ready"] == "abort" else None
             try:
                 out, took = self._iterate(train_function, iterator)
             except (tf.errors.OutOfRangeError, StopIteration):
@@ -172,7 +171,7 @@ class ESync(SyncAlgorithm):
                 break
             iterations.append(took)
             if saved is not None and self._ready_during(future, self._t_e):
-                self._restore(saved)  # §4.2: READY came while it ran -- it never happened
+                restore(saved)  # §4.2: READY came while it ran -- it never happened
                 self.aborted += 1
                 break
             logs = out
@@ -229,37 +228,12 @@ class ESync(SyncAlgorithm):
         variables in an extra first iteration, kept (nothing to restore it to)."""
         if not self.model.built:
             self._iterate(train_function, iterator, count=False)
-        saved = self._snapshot()
+        saved = snapshot(self.model)
         took = min([self._iterate(train_function, iterator, count=False)[1] for _ in range(3)][1:])
-        self._restore(saved)
+        restore(saved)
         self._c, self._tested = took, True
         self.client.query(0, self._c, self._t_e)
         logging.getLogger(__name__).info("ESync RUN-BATCH-DATA-TEST: capability %.4f s", took)
-
-    def _state_variables(self):
-        """What one local iteration changes: the model's variables, the optimizer's (slots, iterations: created
-        first if the optimizer has not run yet) and the metrics' accumulators."""
-        model = self.model
-        optimizers = [model.optimizer]
-        inner = getattr(model.optimizer, "inner_optimizer", None)  # mixed precision: the loss-scale wrapper's
-        if inner is not None:
-            optimizers.append(inner)
-        build_slots(optimizers[-1], model.trainable_variables)
-        opt_vars = [v for o in optimizers for v in (o.variables() if callable(o.variables) else o.variables)]
-        found, seen = [], set()
-        for v in list(model.variables) + opt_vars + [v for m in model.metrics for v in m.variables]:
-            if id(v) not in seen:
-                seen.add(id(v))
-                found.append(v)
-        return found
-
-    def _snapshot(self):
-        return [(v, tf.identity(v.read_value())) for v in self._state_variables()]
-
-    @staticmethod
-    def _restore(saved):
-        for v, value in saved:
-            v.assign(value)
 
     def idle_step(self, train_function, iterator):
         """An idle rank (hetsync/training/) trains nothing: it only takes part in the round's allreduce, with Δ = 0.
@@ -420,8 +394,6 @@ class ESync(SyncAlgorithm):
     def activate(self):
         """ESync is entered (first use, or a live switch back): a fresh State Server (collective), and the next
         step starts a new fit's rounds."""
-        from hetsync import _runtime
-
         _runtime.services().install_state_server(float(self.options["epsilon"]))
         self._round, self._slowest_last, self._tested = 0, -1, False
         self._fresh, self._exhausted = True, False

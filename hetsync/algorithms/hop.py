@@ -34,15 +34,14 @@ import logging
 
 import tensorflow as tf
 
-from hetsync.algorithms import register
-from hetsync.algorithms.options import TIMEOUT, Option
-from hetsync.algorithms import hop_topology as topo
+from hetsync import _runtime, ops_hop
+from hetsync.algorithms import hop_topology as topo, register
 from hetsync.algorithms._wrap import wrap_post_update
 from hetsync.algorithms.decentralized import DecentralizedAlgorithm
+from hetsync.algorithms.options import Option, TIMEOUT
 
 log = logging.getLogger("hetsync.hop")
 _WRAPS = itertools.count()  # queue set names: the n-th wrapped optimizer of the process (same order on all ranks)
-
 
 
 @register
@@ -116,9 +115,6 @@ class Hop(DecentralizedAlgorithm):
     def wrap(self, optimizer):
         import horovod.tensorflow as hvd
 
-        from hetsync import _runtime
-        from hetsync import ops_hop
-
         _runtime.require_init("sync='hop'")
         self.in_lists = self.graph()
         self.out_lists = topo.out_lists(self.in_lists)
@@ -140,8 +136,6 @@ class Hop(DecentralizedAlgorithm):
     # -- the step --------------------------------------------------------------------------------------------
     def _recv_assign(self, variables, offset):
         """Recv(k + offset) + Reduce, written into the variables; returns the info vector."""
-        from hetsync import ops_hop
-
         averaged, info = ops_hop.hop_recv([v.read_value() for v in variables], self.queue, offset,
                                           self.options["timeout"])
         assigns = [v.assign(tf.cast(a, v.dtype)) for v, a in zip(variables, averaged)]
@@ -150,8 +144,6 @@ class Hop(DecentralizedAlgorithm):
 
     def before_update(self, grads, variables):
         """Send (only at a session's first step: after_update sends every later x_k), Recv(k), Reduce."""
-        from hetsync import ops_hop
-
         def send():
             sent = ops_hop.hop_send([v.read_value() for v in variables], self.queue, self.compression)
             with tf.control_dependencies([sent]):
@@ -166,8 +158,6 @@ class Hop(DecentralizedAlgorithm):
 
     def after_update(self, variables, iterations):
         """Enter the next iteration (a jump first if §5 says so), then Send the new parameters."""
-        from hetsync import ops_hop
-
         steps = tf.constant(1, tf.int64)
         if self.options["skip"] is not None:
             jump = ops_hop.hop_jump(self.queue, self.options["skip"], self.trigger)
@@ -191,8 +181,6 @@ class Hop(DecentralizedAlgorithm):
         """Per-worker: iteration, lag behind the slowest out-neighbour, queue depth (now and max), dropped stale
         updates, skips and skipped iterations, sends made/skipped (§6.2), mean updates reduced per step, seconds
         waited in Recv, and per neighbour its token count and iteration gap (its iteration - ours)."""
-        from hetsync import ops_hop
-
         report = ops_hop.hop_query(self.queue, self.options["skip"] or 0, self.trigger)
         s = report.stats
         steps = int(self._steps.numpy())
@@ -211,8 +199,6 @@ class Hop(DecentralizedAlgorithm):
 
 def _placement(size):
     """Machines from the hosts every rank reported at hetsync.init(); one machine before init (checks only)."""
-    from hetsync import _runtime
-
     if _runtime.is_initialized():
         return topo.machines_from_hosts(_runtime.hosts())
     return size

@@ -15,6 +15,7 @@ import os
 import re
 import sys
 import warnings
+from hetsync import algorithms
 
 # The keyword arguments of horovod.tensorflow.keras.DistributedOptimizer (Horovod 0.28.1), in its order.
 # tests/test_horovod_kwargs.py checks this against the installed Horovod's signature.
@@ -240,8 +241,6 @@ def support_table(modes=None):
 
     "ignored" kwargs are accepted and produce the warning when set to a value other than Horovod's default.
     """
-    from hetsync import algorithms
-
     algorithms._load_all()
     table = {}
     for mode in modes or algorithms.available_modes():

@@ -33,15 +33,15 @@ Choices where the paper is silent (README, "OD-SGD"):
 """
 import tensorflow as tf
 
+from hetsync import _runtime, ops
 from hetsync.algorithms import horovod_kwargs, register
-from hetsync.algorithms.options import TIMEOUT, Option
 from hetsync.algorithms._synchronous import IdleContribution, ReducedOnce, horovod_optimizer, loss_scale_parts
-from hetsync.algorithms._wrap import build_slots, rebuild_from_config, update_result
+from hetsync.algorithms._wrap import build_slots, update_result
 from hetsync.algorithms.base import SyncAlgorithm
+from hetsync.algorithms.options import Option, TIMEOUT
 
 LOCAL_UPDATERS = ("sgd", "dc-asgd-c", "dc-asgd-a")
 PAPER_DC_LAMBDA = {"dc-asgd-c": 0.04, "dc-asgd-a": 0.95}  # §4.3 (CIFAR-10): each updater's recommended λ
-
 
 
 @register
@@ -86,12 +86,9 @@ class ODSGD(IdleContribution, SyncAlgorithm):
 
         import horovod.tensorflow.keras as hvd_keras
 
-        from hetsync import _runtime
-
         _runtime.require_init("sync='od-sgd'")
         optimizer, loss_scaled = loss_scale_parts(optimizer, self)
         wrapped = horovod_optimizer(hvd_keras, optimizer, self.horovod_kwargs)
-        rebuild_from_config(type(wrapped), type(optimizer), self)  # Horovod's class is made for this optimizer
         self.make_contribution()
         with tf.init_scope():
             self.pending = tf.Variable(False, trainable=False, name="hetsync_od_pending")
@@ -184,8 +181,6 @@ class ODSGD(IdleContribution, SyncAlgorithm):
             return tf.constant(True)
 
     def _wait(self, like):
-        from hetsync import ops
-
         wire = [tf.cast(t, tf.float32) if t.dtype != tf.float32 else t for t in like]
         sums, times = ops.allreduce_wait(self.handle, wire)
         return sums, times
@@ -215,8 +210,6 @@ class ODSGD(IdleContribution, SyncAlgorithm):
         return tf.cond(ready, update, lambda: tf.constant(False))
 
     def _train(self, grads, variables):
-        from hetsync import ops
-
         local = [tf.identity(v.read_value()) for v in variables]  # L_t: where g_t was computed
         with tf.control_dependencies(local):
             updated = tf.cond(self.pending, lambda: self._global_update(variables), lambda: tf.constant(False))

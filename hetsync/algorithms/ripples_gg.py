@@ -30,10 +30,11 @@ import threading
 import numpy as np
 import tensorflow as tf
 
+from hetsync import _runtime, ops
 from hetsync.algorithms import register
 from hetsync.algorithms._wrap import wrap_post_update
-from hetsync.algorithms.options import TIMEOUT, Option
 from hetsync.algorithms.decentralized import DecentralizedAlgorithm
+from hetsync.algorithms.options import Option, TIMEOUT
 
 log = logging.getLogger("hetsync.ripples")
 
@@ -47,8 +48,6 @@ class GroupGeneratorAlgorithm(DecentralizedAlgorithm):
     GG_OPTIONS = ()  # options passed to the generator; the others are worker-side
 
     def wrap(self, optimizer):
-        from hetsync import _runtime
-
         _runtime.require_init(f"sync={self.name!r}")
         self.services = _runtime.services()
         gen_options = {k: self.options[k] for k in self.GG_OPTIONS}
@@ -81,8 +80,6 @@ class GroupGeneratorAlgorithm(DecentralizedAlgorithm):
 
     def _watch(self):
         """Tells the GG when the engine counts this worker as away (see the module docstring)."""
-        from hetsync import ops
-
         reported = False
         while not self._stop.wait(_WATCH_PERIOD_S):
             try:
@@ -122,8 +119,6 @@ class GroupGeneratorAlgorithm(DecentralizedAlgorithm):
         return np.int32(0)
 
     def after_update(self, variables, iterations):
-        from hetsync import ops
-
         self._variables = variables
         group_id, members = tf.py_function(self._request, [iterations], [tf.int64, tf.int32], name="gg_request")
         members.set_shape([None])
@@ -143,8 +138,6 @@ class GroupGeneratorAlgorithm(DecentralizedAlgorithm):
     # -- outside the training step (eager) ----------------------------------------------------------------------
     def _p_reduce_group(self, group):
         """Runs a group this worker still owes the GG (eagerly, with its current parameters)."""
-        from hetsync import ops
-
         if self._variables is None:
             raise RuntimeError(f"rank owes group {list(group.members)} but has not trained a step yet")
         averaged = ops.p_reduce([tf.convert_to_tensor(v) for v in self._variables], list(group.members),
@@ -169,8 +162,6 @@ class GroupGeneratorAlgorithm(DecentralizedAlgorithm):
         super().on_consensus_begin()
 
     def on_consensus_end(self, finished):
-        from hetsync import ops
-
         self.services.reset()
         ops.rejoin()
         if finished:

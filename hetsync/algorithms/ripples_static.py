@@ -15,12 +15,13 @@ Options:
 import numpy as np
 import tensorflow as tf
 
+from hetsync import _runtime, ops
 from hetsync.algorithms import register
 from hetsync.algorithms._wrap import wrap_post_update
-from hetsync.algorithms.options import TIMEOUT, Option
 from hetsync.algorithms.decentralized import DecentralizedAlgorithm
 from hetsync.algorithms.hop_topology import machines_from_hosts
-from hetsync.algorithms.schedule import PERIOD, Layout, period_groups
+from hetsync.algorithms.options import Option, TIMEOUT
+from hetsync.algorithms.schedule import Layout, PERIOD, period_groups
 
 STATIC_STREAM = 1  # engine instance stream: (STATIC_STREAM, iteration) names the same P-Reduce on every member
 
@@ -39,8 +40,6 @@ class RipplesStatic(DecentralizedAlgorithm):
         node_size is a ValueError naming it, raised here, before a switch's collectives)."""
         import horovod.tensorflow as hvd
 
-        from hetsync import _runtime
-
         node_size = self.options["node_size"]
         if node_size is None:
             node_size = machines_from_hosts(_runtime.hosts())
@@ -51,8 +50,6 @@ class RipplesStatic(DecentralizedAlgorithm):
 
     def wrap(self, optimizer):
         import horovod.tensorflow as hvd
-
-        from hetsync import _runtime
 
         _runtime.require_init("sync='ripples-static'")
         self.preflight()
@@ -71,8 +68,6 @@ class RipplesStatic(DecentralizedAlgorithm):
         return tf.boolean_mask(row, row >= 0)
 
     def after_update(self, variables, iterations):
-        from hetsync import ops
-
         instance = tf.stack([tf.constant(STATIC_STREAM, tf.int64), tf.cast(iterations, tf.int64)])
         averaged = ops.p_reduce([tf.convert_to_tensor(v) for v in variables], self.group_for(iterations),
                                 timeout=self.options["timeout"], instance=instance, compression=self.compression)

@@ -5,6 +5,7 @@ points of hetsync/training/ run for every model compiled with a ``hetsync.Distri
 only changes their schedule; it does no collective of its own (two callbacks issuing global rounds would pair
 with the wrong rounds on other ranks).
 """
+from hetsync.training import last_rounds
 from hetsync.training.hooks import ConsensusSchedule
 
 
@@ -36,6 +37,4 @@ class ConsensusCallback(ConsensusSchedule):
     @property
     def rounds(self):
         """Sync points the last ``fit`` ran (read from hetsync's internal callback)."""
-        from hetsync.training import last_rounds
-
         return last_rounds()

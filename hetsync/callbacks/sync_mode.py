@@ -14,6 +14,9 @@ rank, the switch is refused on every rank, recorded in ``refusals``, and trainin
 """
 import logging
 
+from hetsync import _runtime, algorithms
+from hetsync.coordinator import switchboard
+from hetsync.switching import parse_target
 from hetsync.training.hooks import SwitchSchedule
 
 log = logging.getLogger("hetsync.callbacks")
@@ -30,7 +33,6 @@ class SyncModeCallback(SwitchSchedule):
 
     def __init__(self, schedule=None, verbose=True):
         super().__init__()
-        from hetsync.switching import parse_target
 
         self.schedule = {}
         for epoch, value in (schedule or {}).items():
@@ -58,15 +60,12 @@ class SyncModeCallback(SwitchSchedule):
         pending: this request is dropped) or "unchanged" (that mode with those options is in force).  An unknown
         mode or option raises ValueError here, on this rank only; training goes on as before."""
         options = {**(options or {}), **kwargs}
-        from hetsync.algorithms import canonical
 
-        mode = canonical(mode)  # "ripples_smart" is "ripples-smart"
+        mode = algorithms.canonical(mode)  # "ripples_smart" is "ripples-smart"
         family = self._sync_points.family if self._sync_points is not None else None
         _validate(mode, options, family)
-        from hetsync import _runtime
-        from hetsync.coordinator.switchboard import canonical
 
-        status, pending = _runtime.services().switch_client().request(mode, canonical(options))
+        status, pending = _runtime.services().switch_client().request(mode, switchboard.canonical(options))
         self.requests.append((mode, options, status, pending if status == "superseded" else None))
         if status != "accepted" and self.verbose:
             extra = f" (switch to {pending} pending)" if pending else ""
@@ -99,6 +98,5 @@ def _validate(mode, options, family):
     if family is not None:
         family.validate(mode, options)
         return
-    from hetsync import algorithms
 
     algorithms.create(mode, **options)

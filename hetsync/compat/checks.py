@@ -3,6 +3,8 @@
 import os
 import warnings
 
+from hetsync import algorithms
+from hetsync.algorithms.horovod_kwargs import _is_rank0
 from hetsync.training.hooks import SwitchSchedule
 
 def keras_version():
@@ -85,8 +87,6 @@ def fit_modes(family, algorithm, user_callbacks):
 
 def fit_problem(model, modes_used, auto=False):
     """This rank's reason to refuse a fit of ``model`` that may train in ``modes_used`` (a string), or None."""
-    from hetsync import algorithms
-
     algorithms._load_all()
     where = "sync='auto' (its candidate {mode!r})" if auto else "sync={mode!r}"
     spe = steps_per_execution(model)
@@ -134,7 +134,6 @@ def tape_problem(algorithm):
     if algorithm.HOROVOD_PASSTHROUGH:
         if not _TAPE["warned"]:
             _TAPE["warned"] = True
-            from hetsync.algorithms.horovod_kwargs import _is_rank0
 
             if _is_rank0():
                 warnings.warn(f"hvd.DistributedGradientTape in a hetsync.job_steps loop with sync={algorithm.name!r}: "
@@ -151,20 +150,16 @@ def tape_problem(algorithm):
 _LOADED = {"warned": False}
 
 
-def horovod_optimizer_warning(model):
-    """A fit in a hetsync process of a model whose optimizer is Horovod's own DistributedOptimizer (what
-    ``hvd.load_model`` returns): one warning on rank 0, since none of hetsync's modes is in it."""
+def horovod_optimizer_warning(model, hetsync_initialized):
+    """A fit in a hetsync process (``hetsync_initialized``) of a model whose optimizer is Horovod's own
+    DistributedOptimizer (what ``hvd.load_model`` returns): one warning on rank 0, since none of hetsync's modes is
+    in it."""
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None or _LOADED["warned"] or not type(optimizer).__module__.startswith("horovod"):
         return
-    if not hasattr(optimizer, "_allreduce"):
-        return
-    from hetsync import _runtime
-
-    if not _runtime.is_initialized():
+    if not hasattr(optimizer, "_allreduce") or not hetsync_initialized:
         return
     _LOADED["warned"] = True
-    from hetsync.algorithms.horovod_kwargs import _is_rank0
 
     if _is_rank0():
         warnings.warn("this model's optimizer is Horovod's own DistributedOptimizer (hvd.load_model returns one): it "

@@ -2,6 +2,8 @@
 (hetsync/compat/__init__.py says what a cell means)."""
 import collections
 
+from hetsync import algorithms
+
 OK, WARNED, REFUSED, UNTESTED = "✓", "warned", "refused", "untested"
 STATUSES = (OK, WARNED, REFUSED, UNTESTED)
 
@@ -210,8 +212,6 @@ ROWS = [
 
 def modes():
     """The matrix's columns: every registered mode, then ``auto``."""
-    from hetsync import algorithms
-
     return [*algorithms.available_modes(), "auto"]
 
 

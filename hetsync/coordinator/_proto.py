@@ -85,7 +85,7 @@ def ensure_generated(force: bool = False) -> list[str]:
 def load():
     """Return the generated ``(group_generator_pb2, group_generator_pb2_grpc)`` modules, generating them first."""
     ensure_generated()
-    from . import group_generator_pb2, group_generator_pb2_grpc
+    from . import group_generator_pb2, group_generator_pb2_grpc  # deferred: they exist only once generated
 
     return group_generator_pb2, group_generator_pb2_grpc
 

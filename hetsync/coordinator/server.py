@@ -33,6 +33,9 @@ from .group_generator import (
     _BaseGroupGenerator,
     make_generator,
 )
+from .job_service import JobServicer
+from .state_service import StateServicer
+from .switch_service import SwitchServicer
 
 pb2, pb2_grpc = _proto.load()
 
@@ -256,17 +259,11 @@ class GGServer:
         )
         pb2_grpc.add_GroupGeneratorServicer_to_server(_Servicer(self), self._server)
         # ESync's State Server shares the port and the secret; sync="esync" installs one (state_service.install).
-        from .state_service import StateServicer
-
         self.state_server = None
         pb2_grpc.add_StateServerServicer_to_server(StateServicer(self), self._server)
         # The Switch Board (live mode switches, sync="auto") too: switch_service.py.
-        from .switch_service import SwitchServicer
-
         pb2_grpc.add_SwitchBoardServicer_to_server(SwitchServicer(self, generator.size), self._server)
         # The Job Clock (job epochs, the agreed stop step): job_service.py.
-        from .job_service import JobServicer
-
         pb2_grpc.add_JobClockServicer_to_server(JobServicer(self, generator.size), self._server)
         try:
             bound = self._server.add_insecure_port(format_address(host, port))
@@ -345,8 +342,6 @@ def start_server(
 
 def _routable_host() -> str:
     """A non-loopback IPv4 address of this host, for multi-node jobs (override: HETSYNC_GG_HOST)."""
-    from hetsync import env as hetsync_env
-
     env = hetsync_env.get("HETSYNC_GG_HOST")
     if env:
         return env
@@ -404,7 +399,6 @@ def main(argv: Optional[Sequence[str]] = None) -> None:  # pragma: no cover - ma
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
-    from hetsync import env as hetsync_env
 
     ap.add_argument("--secret", default=hetsync_env.get("HETSYNC_GG_SECRET"))
     args = ap.parse_args(argv)

@@ -13,7 +13,14 @@ import socket
 import time
 
 from hetsync.algorithms.hop_topology import machines
+from hetsync.coordinator import state_service
+from hetsync.coordinator._proto import ensure_generated
+from hetsync.coordinator.client import GroupGeneratorClient
 from hetsync.coordinator.group_generator import make_generator
+from hetsync.coordinator.job_service import JobClockClient
+from hetsync.coordinator.server import start_for_job
+from hetsync.coordinator.state_service import StateServerClient
+from hetsync.coordinator.switch_service import SwitchClient
 
 log = logging.getLogger("hetsync.coordinator")
 
@@ -28,8 +35,6 @@ class JobServices:
     """Per-process handle on the job's coordinator services (rank 0 also owns the server)."""
 
     def __init__(self, hvd, timeout):
-        from hetsync.coordinator._proto import ensure_generated
-
         ensure_generated()
         self.hvd, self.timeout = hvd, float(timeout)
         self.rank, self.size = hvd.rank(), hvd.size()
@@ -49,8 +54,6 @@ class JobServices:
         self.address, self.secret = info
 
     def _start_server(self):
-        from hetsync.coordinator.server import start_for_job
-
         try:
             self.server = start_for_job(self.size, node_of=self.hosts, mode="smart", request_wait_s=self.timeout)
         except Exception as exc:  # reported on every rank through the broadcast
@@ -60,8 +63,6 @@ class JobServices:
     def client(self):
         """This rank's GG client (connected on first use)."""
         if self._client is None:
-            from hetsync.coordinator.client import GroupGeneratorClient
-
             self._client = GroupGeneratorClient(self.address, self.secret, self.rank, timeout=self.timeout,
                                                 connect_timeout=self.timeout)
         return self._client
@@ -140,16 +141,12 @@ class JobServices:
     def install_state_server(self, epsilon):
         """Collective (sync="esync"): rank 0 installs a fresh ESync State Server on the coordinator server."""
         if self.rank == 0:
-            from hetsync.coordinator import state_service
-
             state_service.install(self.server, self.size, epsilon)
         self._phase += 1
         _barrier(self.hvd, f"hetsync.state.install.{self._phase}")
 
     def state_client(self):
         """This rank's ESync State Server client (a new one per call)."""
-        from hetsync.coordinator.state_service import StateServerClient
-
         client = StateServerClient(self.address, self.secret, self.rank, timeout=self.timeout)
         self._channels.append(client)
         return client
@@ -161,16 +158,12 @@ class JobServices:
     def switch_client(self):
         """This rank's Switch Board client (connected on first use; live switches and sync="auto")."""
         if getattr(self, "_switch", None) is None:
-            from hetsync.coordinator.switch_service import SwitchClient
-
             self._switch = SwitchClient(self.address, self.secret, self.rank, timeout=self.timeout)
         return self._switch
 
     def job_client(self):
         """This rank's Job Clock client (connected on first use; job epochs and the agreed stop step)."""
         if getattr(self, "_job", None) is None:
-            from hetsync.coordinator.job_service import JobClockClient
-
             self._job = JobClockClient(self.address, self.secret, self.rank, timeout=self.timeout)
         return self._job
 

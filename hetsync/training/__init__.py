@@ -1,7 +1,8 @@
 """The training layer: what every rank does around the mode's train step, in ``Model.fit`` and custom loops.
 
-* rank_state.py -- the per-rank state machine (active, idle, away, out, finished): availability for the engine,
-  idle steps, sync points, the agreed stop.  The single home of the absent-rank rule.
+* lifecycle.py -- the rank's lifecycle, one state machine: every availability report to the engine, every pin
+  and every stop told to the Job Clock follows one of its transitions.  The single home of the absent-rank rule.
+* rank_state.py -- its Keras face: what a Keras step does, idle steps, sync points, the agreed stop.
 * job_epochs.py -- job epochs: an epoch is the job's ``sum(steps_per_epoch)`` train steps, shared by speed, with
   every rank running the same Keras steps (coordinator/job_clock.py holds the count).
 * callbacks.py -- SyncPoints and StopVote, Keras' face of the state machine; keras_fit.py -- ``hetsync.keras.fit``,

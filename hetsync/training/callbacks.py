@@ -11,7 +11,9 @@ import time
 
 import tensorflow as tf
 
-from hetsync.training import front_door, hooks
+from hetsync import _runtime, switching
+from hetsync.switching import key_of
+from hetsync.training import front_door, hooks, options
 
 
 def _hvd():
@@ -45,8 +47,6 @@ class SyncPoints(tf.keras.callbacks.Callback):
 
     def adopt(self, algorithm):
         """A live switch made ``algorithm`` the mode in force (switching.perform calls it)."""
-        from hetsync.training import options
-
         self.state.adopt(algorithm)
         self.state.every, self.state.at_end, self.state.epochs = options.consensus_options(self.user_callbacks,
                                                                                             algorithm)
@@ -73,8 +73,6 @@ class SyncPoints(tf.keras.callbacks.Callback):
     def _pretrace(self, iterator):
         """sync="auto": after the first step (every rank; Keras' metrics are built by then, so a traced step is
         final), trace the candidate modes' train steps (switching.pretrace)."""
-        from hetsync import switching
-
         self.state.after_step = None
         switching.pretrace(self.state, iterator)
 
@@ -82,9 +80,6 @@ class SyncPoints(tf.keras.callbacks.Callback):
         """Live switches need every rank to report to the Switch Board, at the same cadence: all ranks or none
         (checked here, once per fit, with one small Horovod allgather), else a switch would wait forever for a
         rank that never hears of it."""
-        from hetsync import _runtime
-        from hetsync.training import options
-
         state = self.state
         state.family = getattr(self.model.optimizer, "_hetsync_family", None)
         modes = [cb for cb in self.user_callbacks if isinstance(cb, hooks.SwitchSchedule)]
@@ -105,8 +100,6 @@ class SyncPoints(tf.keras.callbacks.Callback):
         state = self.state
         target = self._scheduled(epoch) if state.family is not None else None
         if target is not None:
-            from hetsync.switching import key_of
-
             if key_of(*target) != state.family.current:
                 self.switch_to(target[0], target[1], f"schedule: epoch {epoch}")
         state.begin_epoch(*(self.epoch_plan or (None, None)))
@@ -179,8 +172,6 @@ class SyncPoints(tf.keras.callbacks.Callback):
 
     def switch_to(self, mode, options, reason, decision_id=None):
         """Collective: every rank calls it at the same point (hetsync/switching.py)."""
-        from hetsync import switching
-
         began = time.monotonic()
         record = switching.perform(self.state, mode, options, reason, decision_id)
         if record is None:  # refused on every rank at the roll call: the mode in force goes on

@@ -18,10 +18,11 @@ import logging
 
 import tensorflow as tf
 
-from hetsync import compat
+from hetsync import _runtime, compat
 from hetsync.algorithms._wrap import build_slots
 from hetsync.training import front_door, options, report
 from hetsync.training.callbacks import StopVote, SyncPoints
+from hetsync.training.job_epochs import JobEpochs
 from hetsync.training.rank_state import RankState
 
 log = logging.getLogger("hetsync.training")
@@ -32,7 +33,8 @@ def fit(model, args, kwargs):
     """``model.fit(*args, **kwargs)``, through hetsync's training layer when ``model`` has a hetsync optimizer."""
     algorithm = getattr(getattr(model, "optimizer", None), "_hetsync_algorithm", None)
     if algorithm is None:
-        compat.horovod_optimizer_warning(model)  # hvd.load_model's Horovod optimizer, in a hetsync process
+        # hvd.load_model's Horovod optimizer, in a hetsync process
+        compat.horovod_optimizer_warning(model, _runtime.is_initialized())
         return model.fit(*args, **kwargs)
     arguments = _prepare(model, args, kwargs, algorithm)
     if model.train_function is not None and not hasattr(model.train_function, "_hetsync_inner"):
@@ -75,9 +77,6 @@ def _build_before_trace(model, x):
 
 def job_epochs_client():
     """This process's JobEpochs (one per process: the ranks number their epochs over all fits alike)."""
-    from hetsync import _runtime
-    from hetsync.training.job_epochs import JobEpochs
-
     services = _runtime.services()
     job = _STATE["job"]
     if job is None or job.client is not services.job_client():
@@ -95,8 +94,6 @@ def _dataset_length(x):
 
 def _prepare(model, args, kwargs, algorithm):
     """fit's arguments as keywords: the epoch plan, the dataset, SyncPoints first and StopVote last."""
-    from hetsync import _runtime
-
     _runtime.require_init("fit with a hetsync optimizer")
     arguments = dict(inspect.signature(model.fit).bind(*args, **kwargs).arguments)
     family = getattr(model.optimizer, "_hetsync_family", None)

@@ -15,7 +15,7 @@ What it does, by how the mode's ranks step (``SyncAlgorithm.STEPPING``):
 * ``"own"`` (Ripples, eager-SGD, Hop): the loop's budget is the job's ``sum(N_r)`` train steps, shared by speed
   (the Job Clock, coordinator/job_clock.py): each batch is claimed first, so a fast rank takes more.  A rank that
   stops, or finds the budget spent, leaves its loop at once and withdraws from hetsync's collectives, so nobody waits
-  for it.  Each step's exchange marks the rank BETWEEN when it is done (``left_exchange``), so a Horovod collective
+  for it.  Each step's exchange marks the rank BETWEEN when it is done (the lifecycle's ``left_exchange``), so a Horovod collective
   later in the step -- the first step's ``broadcast_variables`` -- never deadlocks a peer's P-Reduce.
 * ``"lockstep"`` (allreduce, od-sgd): every rank yields ``max N_r`` batches; past its own ``N_r``, or after
   ``stop()``, a rank's batches are idle steps (its gradients count zero: Horovod's join semantics), until the job's
@@ -30,28 +30,21 @@ the rank trained since the last average, and every rank is back in hetsync's col
 import logging
 import time
 
-from hetsync.training import front_door, rank_state
+from hetsync import _runtime, compat
+from hetsync.algorithms import _wrap as exchange
+from hetsync.training import front_door, options, rank_state
+from hetsync.training.consensus import sync_point
+from hetsync.training.keras_fit import job_epochs_client
+from hetsync.training.lifecycle import Lifecycle, State
 
 log = logging.getLogger("hetsync.training")
-_LOOP = {"active": None}  # the JobSteps whose loop is running in this process (left_exchange reports for it)
-
-
-def left_exchange():
-    """Called from the graph after each step's exchange (algorithms/_wrap.py); returns 0."""
-    if _LOOP["active"] is not None:
-        from hetsync import ops
-
-        ops.set_availability(ops.BETWEEN)
-    return 0
+_LOOP = {"active": None}  # the JobSteps whose loop is running in this process
 
 
 class JobSteps:
     """Iterates a custom loop's batches under the job's step budget (see the module docstring)."""
 
     def __init__(self, data, steps, model, optimizer):
-        from hetsync import _runtime
-        from hetsync.training.keras_fit import job_epochs_client
-
         _runtime.require_init("hetsync.job_steps")
         self.algorithm = getattr(optimizer, "_hetsync_algorithm", None)
         if self.algorithm is None:
@@ -59,7 +52,6 @@ class JobSteps:
                              f"{type(optimizer).__name__}")
         if self.algorithm.NO_CUSTOM_LOOPS:  # the same mode on every rank: every rank raises, before any collective
             raise ValueError(self.algorithm.NO_CUSTOM_LOOPS)
-        from hetsync import compat
 
         refusal = compat.loop_problem(optimizer)  # sync="auto" (docs/compatibility.md)
         if refusal:
@@ -70,7 +62,6 @@ class JobSteps:
         self.own = steps
         self.job = job_epochs_client()
         self.job.begin_fit()  # before the first collective (job_clock.JobClock.resume)
-        from hetsync.training import options
 
         rows = options.gather("job_steps", [steps])
         self.longest, self.total = max(r[0] for r in rows), sum(r[0] for r in rows)
@@ -79,27 +70,34 @@ class JobSteps:
         self._iterator = iter(data)
         self.yielded = 0          # batches this loop gave out
         self.trained = 0          # of them, train steps (not idle)
-        self.stopped = False      # stop() was called
-        self.idle = False         # the algorithm's idle state is on (lockstep: zero contribution)
-        self.ended = False
         self._round_k, self._step_began = 0, None
+        self.life = Lifecycle(self.algorithm, self.job)  # stopped, out, left: training/lifecycle.py
+        self.life.begin()
         if self.stepping == "rounds":
             self.algorithm.begin_loop(model)
         if _LOOP["active"] is not None:  # an earlier loop left without ending (an exception in it)
             front_door.leaving("loop")
         _LOOP["active"] = self
+        exchange.on_exchange_done(self.life.left_exchange)  # each step's exchange reports from the graph
         front_door.entering("loop")  # hvd.DistributedGradientTape in this loop: refused or warned (front_door.py)
 
     def __iter__(self):
         return self
 
     # -- the loop -----------------------------------------------------------------------------------------------
-    def __next__(self):
-        from hetsync import ops
+    @property
+    def stopped(self):
+        """``stop()`` was called."""
+        return self.life.stop_requested
 
+    @property
+    def ended(self):
+        return self.life.state in (State.LEFT, State.ENDED)
+
+    def __next__(self):
         if self.ended:
             raise StopIteration
-        ops.set_availability(ops.BETWEEN)  # the previous step is over
+        self.life.step_ends()  # the previous step is over
         if not self._another():
             self._end()
             raise StopIteration
@@ -107,9 +105,9 @@ class JobSteps:
         self.yielded += 1
         rank_state._PROCESS["position"] += 1
         self._step_began = time.monotonic()
-        if not self.idle:
+        if not self.life.withdrawn:
             self.trained += 1
-            ops.set_availability(ops.IN_STEP)
+            self.life.step_begins()
         return batch
 
     def _next_batch(self):
@@ -123,6 +121,7 @@ class JobSteps:
         """Whether the loop goes on, and whether this batch trains or is idle."""
         if self.stepping == "own":
             if self.stopped:
+                self.life.stop(rank_state.position())
                 return False
             status, _, _ = self.job.client.claim(self.job.epoch, 0, rank_state.position() + 1, self.job.plan,
                                                  force=self.yielded == 0)  # Horovod's first-step broadcast
@@ -135,14 +134,12 @@ class JobSteps:
         position = rank_state.position() + 1
         if self.yielded >= self.longest:
             return False
-        if (self.stopped or self.yielded >= self.own) and not self.idle:
-            self.idle = True
-            self.algorithm.on_idle()
-            from hetsync import ops
-
-            ops.pin_away(True)
-        if self.stopped and self.job.stop_at is None:
-            self.job.report_stop(position - 1)
+        if self.stopped and not self.life.stopped:
+            self.life.stop(position - 1)
+        else:
+            self.life.still_stopped(position - 1)
+        if self.yielded >= self.own:  # past its own N: idle steps (a zero gradient) while others go on
+            self.life.leave_for_epoch()
         return self.job.stop_at is None or position <= self.job.stop_at
 
     def _round_another(self):
@@ -153,11 +150,12 @@ class JobSteps:
             if alg.round_ready(self._round_k, ended - self._step_began, ended):
                 self._finish_round(active=1.0)
         if self.stopped:
-            if not self.idle:
+            if not self.life.stopped:
                 if self._round_k > 0:
                     self._finish_round(active=1.0)
-                alg.on_idle()  # away for the State Server: its roll calls do not wait for this rank
-                self.idle = True
+                # away for the State Server too: its roll calls do not wait for this rank; the rounds' allreduce
+                # counts the stop, not the Job Clock
+                self.life.stop(rank_state.position(), tell=False)
             while self.job.count < self.total:  # idle rounds: the others' aggregations need this rank's allreduce
                 if self._finish_round(active=0.0) == 0:
                     return False  # nobody trained in that round: every rank stopped, all leave after it
@@ -176,44 +174,25 @@ class JobSteps:
     def stop(self):
         """This rank stops training (a time budget, its own criterion).  ``own`` modes: its loop ends now; the
         others take over its share.  Other modes: its loop goes on with idle steps (lockstep) or idle rounds (ESync)
-        until the job agrees to end, so collectives pair up."""
-        if self.stopped:
-            return
-        self.stopped = True
-        log.debug("job_steps: this rank stopped after %d batches", self.yielded)
-        if self.stepping != "rounds":
-            self.job.report_stop(rank_state.position())
+        until the job agrees to end, so collectives pair up.  It takes effect at the loop's next batch."""
+        if not self.stopped:
+            log.debug("job_steps: this rank stopped after %d batches", self.yielded)
+            self.life.request_stop()
 
     def _end(self):
-        from hetsync import ops
-
-        self.ended = True
         if _LOOP["active"] is self:
             front_door.leaving("loop")
         _LOOP["active"] = None
-        if self.stepping == "own":  # leave hetsync's collectives at once: nobody waits on this rank
-            ops.pin_away(True)
-            if not self.idle:
-                self.algorithm.on_idle()
-                self.idle = True
-            if not self.stopped:  # at the position of the claim that was refused
-                self.job.report_stop(rank_state.position() + 1)
-        ops.set_availability(ops.AWAY)
+        exchange.on_exchange_done(None)
+        self.life.leave_loop(rank_state.position() + 1)  # own modes: at the position of the refused claim
 
     def finish(self):
         """Global (every rank calls it once, after its loop): one Horovod average of the models, then every rank is
         back in hetsync's collectives.  Returns the number of batches this rank trained on."""
-        from hetsync import ops
-        from hetsync.training.consensus import sync_point
-
         if not self.ended:  # the user left the loop early (break): the same as running out of budget
             self._end()
-        ops.pin_away(False)
-        sync_point(self.model, self.algorithm, idle=False, weight=1.0 if self.trained else 0.0,
-                   name=f"hetsync.loop.{self.job.epoch}")
-        if self.idle:
-            self.algorithm.on_resume()
-        ops.set_availability(ops.IN_STEP)  # outside a loop or fit, plain ops are not gated
+        self.life.end(lambda: sync_point(self.model, self.algorithm, idle=False,
+                                         weight=1.0 if self.trained else 0.0, name=f"hetsync.loop.{self.job.epoch}"))
         return self.trained
 
 

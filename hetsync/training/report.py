@@ -29,6 +29,7 @@ import os
 import time
 
 import tensorflow as tf
+from hetsync import algorithms
 
 
 def _numbers(metrics, prefix=""):
@@ -174,8 +175,6 @@ class HeterogeneityReportCallback(tf.keras.callbacks.Callback):
         self.records += 1
 
     def _scalars(self, record):
-        from hetsync import algorithms
-
         rank, mode = record["rank"], record["mode"]
         if rank not in self._writers:
             self._writers[rank] = tf.summary.create_file_writer(os.path.join(self._folder(), f"rank{rank}"))
