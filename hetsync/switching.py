@@ -106,6 +106,7 @@ class Family:
     def __init__(self, base_optimizer, horovod_kwargs, auto=None, report_every=1, job_epochs=True, rebuild=None):
         self.base = base_optimizer
         self.rebuild = rebuild              # hetsync.DistributedOptimizer, for each optimizer's from_config
+        self.fit_model = None               # the model of the fit in progress (a switch checks its features)
         self.horovod_kwargs = dict(horovod_kwargs)
         self.auto = auto                    # sync="auto": the policy's settings (dict), else None
         self.report_every = int(report_every)  # Switch Board report cadence (steps), the same on every rank
@@ -266,7 +267,7 @@ def preflight(family, mode, options):
         algorithm = entry.algorithm if entry is not None else family.validate(mode, options)
         algorithm.preflight()
 
-        refusal = compat.switch_problem(getattr(family, "fit_model", None), mode)  # docs/compatibility.md
+        refusal = compat.switch_problem(family.fit_model, mode)  # docs/compatibility.md
         if refusal:
             raise ValueError(refusal)
     except (ValueError, RuntimeError, TypeError) as exc:

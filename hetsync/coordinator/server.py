@@ -22,6 +22,8 @@ from typing import Optional, Sequence
 
 import grpc
 
+from hetsync import env as hetsync_env
+
 from . import _proto
 from .auth import require_secret
 from .group_generator import (

@@ -136,8 +136,8 @@ class HeterogeneityReportCallback(tf.keras.callbacks.Callback):
         self.records = 0
 
     def on_train_begin(self, logs=None):
-        points = getattr(self.model, "_hetsync_sync_points", None)
-        feed = getattr(points, "report", None)
+        points = getattr(self.model, "_hetsync_sync_points", None)  # (the model's: a RankState, or None)
+        feed = points.report if points is not None else None
         self._feed = feed if feed is not None and feed.writes else None
 
     def on_train_batch_end(self, batch, logs=None):
