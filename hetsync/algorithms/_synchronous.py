@@ -97,7 +97,7 @@ class ReducedOnce:
         return list(zip(reduced, [v for _, v in present]))
 
 
-def loss_scale_parts(optimizer, algorithm):
+def loss_scale_parts(optimizer):
     """(inner optimizer, rewrap) for a Keras ``LossScaleOptimizer`` (mixed precision), else (optimizer, identity).
 
     Horovod 0.28's DistributedOptimizer cannot wrap Keras 2.15's loss-scale optimizer (it rebuilds the optimizer

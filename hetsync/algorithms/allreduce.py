@@ -24,7 +24,7 @@ class HorovodAllreduce(IdleContribution, SyncAlgorithm):
         import horovod.tensorflow.keras as hvd_keras
         import tensorflow as tf
 
-        optimizer, loss_scaled = loss_scale_parts(optimizer, self)
+        optimizer, loss_scaled = loss_scale_parts(optimizer)
         wrapped = horovod_optimizer(hvd_keras, optimizer, self.horovod_kwargs)
         # This rank's weight in the gradient average: 1, or 0 while it is idle (it stopped early; its steps still
         # take part in the others' allreduce, as Horovod's join would make them).  g * 1.0 == g exactly, so an

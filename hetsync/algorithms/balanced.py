@@ -102,7 +102,7 @@ class Balanced(SyncAlgorithm):
 
         # mixed precision: the loss scaling stays around our optimizer, so it unscales (and skips a micro-batch
         # whose gradients overflowed: neither its gradient nor its samples are counted) before we accumulate
-        optimizer, loss_scaled = loss_scale_parts(optimizer, self)
+        optimizer, loss_scaled = loss_scale_parts(optimizer)
         self.rank, self.size = hvd.rank(), hvd.size()
         self.scope = f"hetsync.balanced.{next(_WRAPS)}"
         passes = self.backward_passes_per_step

@@ -87,7 +87,7 @@ class ODSGD(IdleContribution, SyncAlgorithm):
         import horovod.tensorflow.keras as hvd_keras
 
         _runtime.require_init("sync='od-sgd'")
-        optimizer, loss_scaled = loss_scale_parts(optimizer, self)
+        optimizer, loss_scaled = loss_scale_parts(optimizer)
         wrapped = horovod_optimizer(hvd_keras, optimizer, self.horovod_kwargs)
         self.make_contribution()
         with tf.init_scope():
