@@ -3,7 +3,6 @@ segfault; hetsync.shutdown() stops what hetsync started.  That a clean exit neve
 checked on every drop-in job (tests/test_dropin.py check_clean: every mode, twice); tests/stress_exits.py runs 50
 clean exits in a row."""
 import re
-import threading
 import time
 
 import pytest
@@ -40,6 +39,16 @@ def test_an_exception_on_one_rank_ends_the_job_promptly_without_a_segfault(mode)
     # machine at load 20-29 on 2 cores, whose start-up took 65-75 s; 60 s is 7-15x that and still 60 s short of the
     # engine timeout, so a job that only ends once a rank's wait has timed out fails here
     assert after < 60, f"the job took {after:.0f} s to end after the exception"
+
+
+def test_mpi_finalize_waits_for_the_engine_section_in_progress():
+    """Horovod finalizes MPI on its own thread while the engine's progress thread is inside a section of MPI calls
+    (the engine's test pause, HETSYNC_ENGINE_TEST_PAUSE_MS, holds it there between asking whether MPI is usable and
+    calling it): neither rank may die of SIGABRT ("called after MPI_FINALIZE"), both exit 0, and a P-Reduce after
+    the finalize fails with "MPI was finalized" (tests/mpi/finalize_race.py)."""
+    proc = run_mpi(2, "tests/mpi/finalize_race.py", timeout=120)
+    assert not any(s in proc.stdout for s in SIGNALS), _every_rank(proc.stdout)
+    assert_ok(proc, 2)
 
 
 def test_shutdown_stops_every_thread_and_server_it_started():

@@ -1,5 +1,6 @@
 #include "engine/engine.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -20,6 +21,24 @@ namespace {
 
 constexpr double kDefaultTimeout = 120.0;
 constexpr int kDefaultCacheSize = 64;
+// How long MPI_Finalize's hook waits for a running section of engine MPI calls.  Sections are short (one
+// progress-loop iteration) or give up when finalizing_ is set; the bound only matters if an MPI call blocks.
+constexpr auto kFinalizeWait = std::chrono::seconds(10);
+
+// The MPI_COMM_SELF attribute's delete callback: MPI_Finalize runs it before tearing anything down.
+int OnMpiFinalize(MPI_Comm, int, void*, void*) {
+  Engine::Get().BeforeMpiFinalize();
+  return MPI_SUCCESS;
+}
+
+// Registers OnMpiFinalize once per process (start_mu_ held).
+void WatchMpiFinalize() {
+  static bool watching = false;
+  if (watching) return;
+  int keyval = MPI_KEYVAL_INVALID;
+  if (MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, &OnMpiFinalize, &keyval, nullptr) != MPI_SUCCESS) return;
+  watching = MPI_Comm_set_attr(MPI_COMM_SELF, keyval, nullptr) == MPI_SUCCESS;
+}
 
 const char* ThreadLevelName(int level) {
   switch (level) {
@@ -31,10 +50,12 @@ const char* ThreadLevelName(int level) {
   return "unknown";
 }
 
-// Waits for `req` up to `seconds`, calling MPI_Test with short sleeps. Returns false on timeout.
-bool WaitWithDeadline(MPI_Request* req, double seconds) {
+// Waits for `req` up to `seconds`, calling MPI_Test with short sleeps. Returns false on timeout, and at once when
+// MPI_Finalize has begun (`finalizing`), so that the hook's wait for the caller's section ends.
+bool WaitWithDeadline(MPI_Request* req, double seconds, const std::atomic<bool>& finalizing) {
   auto deadline = Clock::now() + std::chrono::duration<double>(seconds);
   while (true) {
+    if (finalizing) return false;
     int flag = 0;
     if (MPI_Test(req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
     if (flag) return true;
@@ -106,6 +127,13 @@ Status Engine::Start(double timeout_seconds, int cache_size) {
     return Status::Error(Code::kFailedPrecondition,
                          "hetsync needs MPI initialised with MPI_THREAD_MULTIPLE (provided: " + have +
                              "); launch with horovodrun/mpirun and call hvd.init() first");
+  }
+  WatchMpiFinalize();
+  {
+    // Tests only: a pause inside every progress-loop section of MPI calls, to make the finalize race happen
+    // (tests/mpi/finalize_race.py).  Unset: no pause.
+    const char* pause = std::getenv("HETSYNC_ENGINE_TEST_PAUSE_MS");
+    section_pause_ms_ = pause ? std::max(0, std::atoi(pause)) : 0;
   }
   ApplyMpiSettings();  // MPI is Horovod's by now: the engine's settings go in through MPI_T (mpi_settings.h)
   if (cache_size < 0) {
@@ -201,16 +229,19 @@ void Engine::Loop() {
         cv_.wait_for(lock, nap, [this] { return stop_ || !queue_.empty(); });
       }
       if (stop_) break;
-      // Horovod finalizes MPI on its own thread when it shuts down after an error on any rank; from then on no MPI
-      // call may be made (a later one crashed the process at exit).  MPI_Finalized may be called at any time.
-      int finalized = 0;
-      MPI_Finalized(&finalized);
-      if (finalized) {
-        mpi_gone_ = true;
-        break;
-      }
       incoming.swap(queue_);
     }
+    // Horovod finalizes MPI on its own thread when it shuts down (after an error on any rank, or when a peer
+    // exits); from then on no MPI call may be made.  This iteration's MPI calls run under mpi_mu_, which the
+    // finalize hook takes: either the whole iteration runs before MPI_Finalize proceeds, or none of it does.
+    std::unique_lock<std::timed_mutex> mpi(mpi_mu_);
+    if (!MpiUsable()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      mpi_gone_ = true;
+      for (auto& op : incoming) serial_waiting.push_back(std::move(op));
+      break;
+    }
+    if (section_pause_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(section_pause_ms_));
     ctx_.progressed_ = false;
     ctx_.busy_ = false;
     if (ctx_.control.Poll(ctx_)) ctx_.MarkProgress();
@@ -248,8 +279,9 @@ void Engine::Loop() {
         ++i;
       }
     }
-    for (auto& op : finished) op->Complete();
     if (!ctx_.orphans_.empty()) ctx_.PollOrphans();
+    mpi.unlock();  // callbacks run TF continuations: no MPI of ours, and they must not hold up MPI_Finalize
+    for (auto& op : finished) op->Complete();
 
     // Back-off: with 8 ranks oversubscribed on 2 cores a spinning progress thread would steal the CPU the user's
     // step (and MPI's shared-memory peers) need. Yield first, then sleep 1, 2, 4 ... 200 us. While a data-phase
@@ -278,8 +310,13 @@ void Engine::Loop() {
                                             "down (an exception on a rank?)");
   }
   if (halted_by_ >= 0) aborted = Status::Error(Code::kAborted, HaltedMessage(halted_by_));
+  {
+    std::unique_lock<std::timed_mutex> mpi(mpi_mu_);
+    if (!mpi_gone_ && halted_by_ < 0 && MpiUsable()) {
+      for (auto& op : active) ctx_.Abandon(op);  // cancels MPI requests: not after MPI_Finalize
+    }
+  }
   for (auto& op : active) {
-    if (!mpi_gone_ && halted_by_ < 0) ctx_.Abandon(op);  // cancels MPI requests: not after MPI_Finalize
     op->Finish(aborted);
     op->Complete();
   }
@@ -302,10 +339,11 @@ void Engine::Drain() {
   // communicator itself is left to MPI_Finalize.
   const double deadline = ctx_.default_timeout;
   MPI_Request req;
-  if (MPI_Ibarrier(ctx_.comm, &req) != MPI_SUCCESS || !WaitWithDeadline(&req, deadline)) return;
+  if (MPI_Ibarrier(ctx_.comm, &req) != MPI_SUCCESS || !WaitWithDeadline(&req, deadline, finalizing_)) return;
   std::vector<char> sink(64 * 1024);
   int empty_probes = 0;
   while (empty_probes < 20) {
+    if (finalizing_) return;
     int flag = 0;
     MPI_Status st;
     MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, ctx_.comm, &flag, &st);
@@ -320,10 +358,12 @@ void Engine::Drain() {
     if (bytes > static_cast<int>(sink.size())) sink.resize(bytes);
     MPI_Recv(sink.data(), bytes, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, ctx_.comm, MPI_STATUS_IGNORE);
   }
+  if (finalizing_) return;
   ctx_.PollOrphans();
   ctx_.FreeOrphans();
   backend_->Shutdown();
-  if (MPI_Ibarrier(ctx_.comm, &req) == MPI_SUCCESS) WaitWithDeadline(&req, deadline);
+  if (finalizing_) return;
+  if (MPI_Ibarrier(ctx_.comm, &req) == MPI_SUCCESS) WaitWithDeadline(&req, deadline, finalizing_);
 }
 
 Status Engine::StopThread(const char* what) {
@@ -346,19 +386,15 @@ Status Engine::Shutdown(bool drain) {
   if (!running_) return Status::OK();
   Status stopped = StopThread("shutdown");
   if (!stopped.ok) return stopped;
-  {
-    int fin_now = 0;
-    MPI_Finalized(&fin_now);
-    if (!fin_now && halted_by_ < 0) {
-      ctx_.control.Stop(ctx_);
-      ctx_.partial.Stop(ctx_);
-      ctx_.hop.Stop(ctx_);
-    }
+  std::unique_lock<std::timed_mutex> mpi(mpi_mu_);  // one section: MPI_Finalize's hook waits for it to end
+  const bool usable = halted_by_ < 0 && MpiUsable();
+  if (usable) {
+    ctx_.control.Stop(ctx_);
+    ctx_.partial.Stop(ctx_);
+    ctx_.hop.Stop(ctx_);
   }
   last_backend_stats_ = backend_->Stats();
-  int fin = 0;
-  MPI_Finalized(&fin);
-  if (fin || halted_by_ >= 0) {
+  if (!usable || !MpiUsable()) {
     // Too late for any MPI call (or a failing peer asked for none); leak everything.
     backend_.release();  // NOLINT: intentionally leaked
     return Status::OK();
@@ -380,9 +416,10 @@ Status Engine::Abort(double wait_seconds) {
   if (!running_) return Status::OK();
   Status stopped = StopThread("abort");
   if (!stopped.ok) return stopped;
-  int fin = 0;
-  MPI_Finalized(&fin);
-  if (!fin && halted_by_ < 0) TellPeersAndWait(wait_seconds);
+  {
+    std::unique_lock<std::timed_mutex> mpi(mpi_mu_);  // one section: MPI_Finalize's hook waits for it to end
+    if (halted_by_ < 0 && MpiUsable()) TellPeersAndWait(wait_seconds);
+  }
   backend_.release();  // NOLINT: intentionally leaked (no collective call from a failing process)
   ctx_.backend = nullptr;
   return Status::OK();
@@ -391,8 +428,8 @@ Status Engine::Abort(double wait_seconds) {
 void Engine::TellPeersAndWait(double wait_seconds) {
   // One small notice per peer, then wait for each peer's answer ("my engine stopped calling MPI") up to
   // `wait_seconds`.  A peer that answered may exit at once, and its exit shuts this process's Horovod down, which
-  // finalizes MPI here: so MPI_Finalized (callable at any time) is asked before every test, and the wait ends
-  // when MPI is gone.  Buffers and requests are leaked on purpose: the process is ending.
+  // begins MPI_Finalize here: its hook sets finalizing_ and waits for mpi_mu_ (held by the caller), so the wait
+  // ends at the next test.  Buffers and requests are leaked on purpose: the process is ending.
   auto* msg = new WireHeader();
   std::memset(msg, 0, sizeof(WireHeader));
   msg->magic = kHeaderMagic;
@@ -410,13 +447,25 @@ void Engine::TellPeersAndWait(double wait_seconds) {
   }
   const auto deadline = Clock::now() + std::chrono::duration<double>(wait_seconds);
   while (Clock::now() < deadline) {
-    int finalized = 0, all = 0;
-    MPI_Finalized(&finalized);
-    if (finalized) return;
+    int all = 0;
+    if (finalizing_) return;
     if (MPI_Testall(static_cast<int>(recvs.size()), recvs.data(), &all, MPI_STATUSES_IGNORE) != MPI_SUCCESS) return;
     if (all) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+}
+
+void Engine::BeforeMpiFinalize() {
+  finalizing_ = true;  // sections check it: a running one ends at its next check, none begins
+  std::unique_lock<std::timed_mutex> wait(mpi_mu_, std::defer_lock);
+  (void)wait.try_lock_for(kFinalizeWait);  // false only if one MPI call blocked that long: finalize goes on
+}
+
+bool Engine::MpiUsable() const {
+  if (finalizing_) return false;
+  int finalized = 0;
+  MPI_Finalized(&finalized);  // MPI_Finalize may have run before the hook was registered (no engine then)
+  return !finalized;
 }
 
 std::string HaltedMessage(int rank) {

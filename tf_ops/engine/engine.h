@@ -184,6 +184,12 @@ class Engine {
   // Hands `op` to the progress thread; its callback runs later on that thread. Fails (without running the
   // callback) if the engine is not running.
   Status Enqueue(std::shared_ptr<Operation> op);
+  // Run by MPI_Finalize itself, before it tears anything down (an attribute of MPI_COMM_SELF: MPI deletes those
+  // first).  From here on no section of the engine's MPI calls begins, and the section now running (if any) ends
+  // before this returns (bounded by kFinalizeWaitSeconds).  Why: Horovod finalizes MPI on its own thread when a
+  // peer exits, and Open MPI aborts a process that makes any MPI call after MPI_Finalize -- checking
+  // MPI_Finalized before each call leaves a window between the check and the call.
+  void BeforeMpiFinalize();
 
   bool running() const { return running_; }
   bool away() const { return counters_.away.load() != 0; }
@@ -206,6 +212,12 @@ class Engine {
   std::thread thread_;
   std::mutex mu_;
   std::condition_variable cv_;
+  // Held around each section of MPI calls (a progress-loop iteration, Drain, the failing notice): the finalize
+  // hook takes it, so no section straddles MPI_Finalize.  Order: mu_ is never held while taking it.
+  std::timed_mutex mpi_mu_;
+  std::atomic<bool> finalizing_{false};  // MPI_Finalize has begun: long MPI waits give up, no new section starts
+  bool MpiUsable() const;                // with mpi_mu_ held: neither finalizing nor finalized
+  int section_pause_ms_ = 0;             // HETSYNC_ENGINE_TEST_PAUSE_MS (tests): a pause inside each loop section
   bool stop_ = false;
   bool mpi_gone_ = false;  // MPI was finalized under the progress thread (Horovod shut down after an error)
   int halted_by_ = -1;     // the peer whose kKindFailing stopped the progress thread (no MPI call since)
