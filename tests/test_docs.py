@@ -38,7 +38,7 @@ def test_the_reference_has_every_mode_auto_init_and_every_variable():
 
 def _declarations():
     from hetsync._runtime import INIT_OPTIONS
-    from hetsync.coordinator.auto_policy import SETTINGS
+    from hetsync.coordinator.switchboard.auto_policy import SETTINGS
     from hetsync.optimizer import AUTO_OWN, FAMILY_OPTIONS
 
     algorithms._load_all()
@@ -124,7 +124,7 @@ def test_unknown_option_names_the_closest_one():
 
 def test_underscores_read_as_hyphens_wherever_a_mode_is_named():
     import hetsync.callbacks
-    from hetsync.coordinator.auto_policy import normalize_candidates
+    from hetsync.coordinator.switchboard.auto_policy import normalize_candidates
     from hetsync.switching import parse_target
 
     assert type(algorithms.create("ripples_smart", c_thres=3)).name == "ripples-smart"
@@ -142,7 +142,8 @@ def test_underscores_read_as_hyphens_wherever_a_mode_is_named():
 
 def test_architecture_md_matches_the_tree():
     """docs/architecture.md names only files that exist, and names every module and package of hetsync/ (top
-    level, training/, coordinator/, algorithms/ as a folder): a new module goes into the map or this fails."""
+    level, training/, coordinator/ and each of its service folders with its .proto, algorithms/ as a folder): a new
+    module goes into the map or this fails."""
     text = open(os.path.join(ROOT, "docs", "architecture.md")).read()
     for link in re.findall(r"\]\(\.\./(hetsync/[^)#]*)\)", text):
         assert os.path.exists(os.path.join(ROOT, link)), f"docs/architecture.md links {link}, which does not exist"
@@ -157,5 +158,12 @@ def test_architecture_md_matches_the_tree():
     for sub in ("training", "coordinator"):
         named += [f for f in sorted(os.listdir(os.path.join(package, sub)))
                   if f.endswith(".py") and f != "__init__.py" and not f.endswith(("_pb2.py", "_pb2_grpc.py"))]
+    coordinator = os.path.join(package, "coordinator")
+    for service in sorted(os.listdir(coordinator)):  # one folder per service: every module named as folder/module
+        folder = os.path.join(coordinator, service)
+        if os.path.exists(os.path.join(folder, "__init__.py")):
+            named += [f"{service}/{f}" for f in sorted(os.listdir(folder))
+                      if f.endswith(".py") and f != "__init__.py" and not f.endswith(("_pb2.py", "_pb2_grpc.py"))]
+            named.append(f"protos/{service}.proto")
     missing = [name for name in named if name not in text]
     assert not missing, f"docs/architecture.md does not name {missing}"

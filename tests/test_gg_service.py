@@ -5,6 +5,7 @@ Ripples §6.2: the GG is a light-weight gRPC server; §4.1: request / P-Reduce /
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -13,7 +14,7 @@ import grpc
 import pytest
 
 from hetsync.coordinator import _proto
-from hetsync.coordinator.client import (
+from hetsync.coordinator.group_generator.client import (
     AccessDenied,
     GroupGeneratorClient,
     Unavailable,
@@ -27,7 +28,7 @@ from hetsync.coordinator.server import start_for_job, start_server
 # ripples-random's Group Buffer variant (§5.1); the §4.1 rule is covered by the request/ack loops.
 BUFFERED = {"seed": 0, "group_buffer": True}
 
-pb2, pb2_grpc = _proto.load()
+pb2, pb2_grpc = _proto.load("group_generator")
 
 
 class Collective:
@@ -426,11 +427,17 @@ def test_start_for_job_shutdown_and_unreachable():
         GroupGeneratorClient(server.address, server.secret, 0, connect_timeout=0.5)
 
 
-def test_generated_code_is_package_relative():
+def test_generated_code_is_package_relative_one_proto_per_service():
+    """Each service's modules come from its own .proto into its own folder, and the grpc module imports its pb2
+    relative to its package (an absolute import would only work with the folder on sys.path)."""
     paths = _proto.ensure_generated()
-    text = open(paths[1]).read()
-    assert "from . import group_generator_pb2" in text
     assert _proto.generated_files(relative=True) == [
-        "hetsync/coordinator/group_generator_pb2.py",
-        "hetsync/coordinator/group_generator_pb2_grpc.py",
+        f"hetsync/coordinator/{service}/{service}{suffix}.py"
+        for service in ("group_generator", "state_server", "switchboard", "job_clock")
+        for suffix in ("_pb2", "_pb2_grpc")
     ]
+    for pb2_path, grpc_path in zip(paths[::2], paths[1::2]):
+        service = os.path.basename(os.path.dirname(grpc_path))
+        assert os.path.exists(os.path.join(_proto.PROTO_DIR, f"{service}.proto"))
+        assert f"from . import {service}_pb2 as" in open(grpc_path).read(), grpc_path
+        assert os.path.exists(pb2_path)

@@ -1,4 +1,4 @@
-"""The Job Clock alone (hetsync/coordinator/job_clock.py), and through its gRPC service.
+"""The Job Clock alone (hetsync/coordinator/job_clock/clock.py), and through its gRPC service.
 
 A discrete-event simulation runs ranks of random speeds and random stop times through the protocol of
 hetsync/training/ (job_epochs.JobEpochs): an active rank claims train steps until its Keras step's slice is full, a
@@ -191,8 +191,8 @@ def test_service_over_grpc_with_the_job_secret(monkeypatch):
 
     import grpc
 
-    from hetsync.coordinator import job_service
-    from hetsync.coordinator.job_service import JobClockClient
+    from hetsync.coordinator.job_clock import service as job_service
+    from hetsync.coordinator.job_clock.client import JobClockClient
     from hetsync.coordinator.server import start_server
 
     asleep = threading.Event()

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from hetsync import ops
 from hetsync.algorithms.base import SyncAlgorithm
-from hetsync.coordinator.job_service import JobClockClient
+from hetsync.coordinator.job_clock.client import JobClockClient
 from hetsync.coordinator.server import start_server
 from hetsync.training.job_epochs import JobEpochs
 from hetsync.training.lifecycle import Lifecycle, State

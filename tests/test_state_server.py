@@ -1,4 +1,4 @@
-"""ESync's State Server state machine (hetsync/coordinator/state_server.py) with hypothesis.
+"""ESync's State Server state machine (hetsync/coordinator/state_server/state_machine.py) with hypothesis.
 
 A discrete-event simulation runs p workers of fixed capabilities (seconds per local step) through Algorithm 1:
 query; NOT-READY -> one local step; READY -> wait for the aggregation (all live workers ready), reset.  Checked:
@@ -150,17 +150,18 @@ def test_grpc_service_on_loopback_with_the_job_secret():
     import grpc
     import time as _time
 
-    from hetsync.coordinator import state_service
+    from hetsync.coordinator.state_server import service as state_service
+    from hetsync.coordinator.state_server.client import StateServerClient
     from hetsync.coordinator.server import start_server
 
     server, address = start_server(2, mode="random")
     try:
-        a = state_service.StateServerClient(address, server.secret, 0, timeout=10)
+        a = StateServerClient(address, server.secret, 0, timeout=10)
         with pytest.raises(grpc.RpcError) as e:
             a.query(0, 0.1, 0.0)
         assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "no ESync State Server" in e.value.details()
         state_service.install(server, 2, epsilon=0.0)
-        b = state_service.StateServerClient(address, server.secret, 1, timeout=10)
+        b = StateServerClient(address, server.secret, 1, timeout=10)
         now = _time.monotonic()
         assert a.query(0, 0.01, now) is False
         assert b.query(1, 5.0, now) is True                 # the slowest, after a step
@@ -177,7 +178,7 @@ def test_grpc_service_on_loopback_with_the_job_secret():
         with pytest.raises(grpc.RpcError) as e:
             b.query(1, 1.0, now)
         assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        wrong = state_service.StateServerClient(address, "not-the-secret", 0, timeout=10)
+        wrong = StateServerClient(address, "not-the-secret", 0, timeout=10)
         with pytest.raises(grpc.RpcError) as e:
             wrong.query(0, 0.1, now)
         assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
@@ -215,13 +216,14 @@ def test_grpc_wait_names_the_worker_that_never_comes():
 
     import grpc
 
-    from hetsync.coordinator import state_service
+    from hetsync.coordinator.state_server import service as state_service
+    from hetsync.coordinator.state_server.client import StateServerClient
     from hetsync.coordinator.server import start_server
 
     server, address = start_server(3, mode="random")
     try:
         state_service.install(server, 3, epsilon=0.0)
-        c = [state_service.StateServerClient(address, server.secret, r, timeout=10) for r in range(3)]
+        c = [StateServerClient(address, server.secret, r, timeout=10) for r in range(3)]
         done, done1 = [], []
         t = threading.Thread(target=lambda: done.append(c[0].wait(0, 30.0)))
         t.start()
@@ -262,7 +264,8 @@ def test_grpc_decisions_do_not_depend_on_the_workers_clocks():
     NOT-READY (or READY) regardless of the slowest's progress."""
     import time as _time
 
-    from hetsync.coordinator import state_service
+    from hetsync.coordinator.state_server import service as state_service
+    from hetsync.coordinator.state_server.client import StateServerClient
     from hetsync.coordinator.server import start_server
 
     def decisions(offset):
@@ -270,8 +273,8 @@ def test_grpc_decisions_do_not_depend_on_the_workers_clocks():
         try:
             state_service.install(server, 2, epsilon=0.0)
             clock = (lambda: _time.monotonic() + offset)
-            fast = state_service.StateServerClient(address, server.secret, 0, timeout=10, clock=clock)
-            slow = state_service.StateServerClient(address, server.secret, 1, timeout=10, clock=clock)
+            fast = StateServerClient(address, server.secret, 0, timeout=10, clock=clock)
+            slow = StateServerClient(address, server.secret, 1, timeout=10, clock=clock)
             got = [slow.query(0, 2.0, clock()), fast.query(0, 0.01, clock())]
             # the slowest (c = 2 s) just finished nothing yet this round: 2 s left, the fast one takes another step
             slow.reset(1, clock()), fast.reset(1, clock())

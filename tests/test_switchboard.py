@@ -1,4 +1,4 @@
-"""The Switch Board (hetsync/coordinator/switchboard.py) and sync="auto"'s policy (auto_policy.py), alone, with
+"""The Switch Board (hetsync/coordinator/switchboard/board.py) and sync="auto"'s policy (auto_policy.py), alone, with
 hypothesis.
 
 Switch Board: a discrete-event simulation runs n ranks of random speeds through the protocol of hetsync/training/:
@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetsync.coordinator.auto_policy import AutoPolicy, normalize_candidates
+from hetsync.coordinator.switchboard.auto_policy import AutoPolicy, normalize_candidates
 from hetsync.coordinator.switchboard import ACCEPTED, SUPERSEDED, UNCHANGED, SwitchBoard
 from hetsync.training.step_clock import StepClock
 
@@ -283,7 +283,7 @@ def test_sample_times_travel_as_ages_and_land_on_the_boards_clock():
     one of them 1000 s in the future."""
     import types
 
-    from hetsync.coordinator.switch_service import SwitchServicer, pb2
+    from hetsync.coordinator.switchboard.service import SwitchServicer, pb2
 
     owner = types.SimpleNamespace(secret="s3cret")
     service = SwitchServicer(owner, 2, clock=lambda: 5000.0)

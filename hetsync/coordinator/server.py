@@ -1,13 +1,12 @@
-"""gRPC server of the Ripples Group Generator (§6.2: "a light-weight Python program implemented by gRPC").
-
-The server wraps one state machine (:class:`~hetsync.coordinator.group_generator.RandomGroupGenerator` or
-:class:`~hetsync.coordinator.group_generator.SmartGroupGenerator`) behind a single lock.  ``RequestGroup`` blocks
-on a condition variable until the worker's group is ready (Fig 8: a conflicting group waits in the pending queue
-until the locks are released by the acks) or until a deadline, then fails with ``DEADLINE_EXCEEDED`` naming the
-workers it waits for.  Every request must carry the job secret (``PERMISSION_DENIED`` otherwise).
+"""Rank 0's coordinator server: one gRPC server (one port, one job secret) hosting every coordinator service --
+the Ripples Group Generator (§6.2: "a light-weight Python program implemented by gRPC"), ESync's State Server, the
+Switch Board and the Job Clock.  Each service lives in its own folder (state machine, servicer, client, and its
+``protos/<service>.proto``); this module only owns what they share: the port, the secret, the thread pool and the
+one lock (a condition variable) every servicer runs its state machine under.
 
 Rank 0 calls :func:`start_for_job` during ``hetsync.init()`` and broadcasts ``(server.address, server.secret)``;
-every rank then builds a :class:`~hetsync.coordinator.client.GroupGeneratorClient`.
+every rank then connects each service's client to that address
+(:class:`~hetsync.coordinator.group_generator.client.GroupGeneratorClient` and the others).
 """
 
 from __future__ import annotations
@@ -24,36 +23,16 @@ import grpc
 
 from hetsync import env as hetsync_env
 
-from . import _proto
-from .auth import require_secret
-from .group_generator import (
-    GGError,
-    GroupFailed,
-    InvalidArgument,
-    ProtocolViolation,
-    WorkerEvicted,
-    _BaseGroupGenerator,
-    make_generator,
-)
-from .job_service import JobServicer
-from .state_service import StateServicer
-from .switch_service import SwitchServicer
-
-pb2, pb2_grpc = _proto.load()
+from .group_generator import _BaseGroupGenerator, make_generator
+from .group_generator import service as group_generator_service
+from .job_clock import service as job_clock_service
+from .state_server import service as state_server_service
+from .switchboard import service as switchboard_service
 
 __all__ = ["GGServer", "start_server", "start_for_job", "format_address"]
 
 # server-level options (the rest go to the generator's constructor)
 _SERVER_OPTIONS = ("request_wait_s", "max_workers", "secret", "clock")
-MD_GROUP = "hetsync-group-id"
-MD_MEMBERS = "hetsync-members"
-MD_WORKERS = "hetsync-workers"  # GroupFailed: the evicted workers; wait timeout: busy members
-MD_AWAITING = "hetsync-awaiting"  # wait timeout: workers whose receive/ack is awaited
-MD_EVICTED = "hetsync-evicted"
-
-
-def _csv(xs: Sequence[int]) -> str:
-    return ",".join(str(int(x)) for x in xs)
 
 
 def format_address(host: str, port: int) -> str:
@@ -63,171 +42,8 @@ def format_address(host: str, port: int) -> str:
     return f"{host}:{port}"
 
 
-def _group_pb(g, wait_s: float = 0.0):
-    return pb2.Group(group_id=g.group_id, members=list(g.members), phase=g.phase, server_wait_s=wait_s)
-
-
-class _Abort(Exception):
-    def __init__(self, code, details: str, metadata=()):
-        super().__init__(details)
-        self.code, self.details, self.metadata = code, details, tuple(metadata)
-
-
-def _map_error(exc: GGError) -> _Abort:
-    if isinstance(exc, GroupFailed):
-        return _Abort(
-            grpc.StatusCode.ABORTED,
-            str(exc),
-            ((MD_GROUP, str(exc.group_id)), (MD_MEMBERS, _csv(exc.members)), (MD_WORKERS, _csv(exc.workers))),
-        )
-    if isinstance(exc, WorkerEvicted):
-        return _Abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc), ((MD_EVICTED, str(exc.group_id)),))
-    if isinstance(exc, ProtocolViolation):
-        return _Abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-    if isinstance(exc, InvalidArgument):
-        return _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-    return _Abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")  # pragma: no cover
-
-
-class _Servicer(pb2_grpc.GroupGeneratorServicer):
-    def __init__(self, owner: "GGServer"):
-        self._o = owner
-
-    # -- helpers
-    def _auth(self, secret: str, context) -> None:
-        require_secret(secret, self._o.secret, context)
-
-    def _run(self, context, fn):
-        """Run ``fn`` under the lock; translate GG errors to gRPC status codes; wake waiters on changes."""
-        o = self._o
-        err: Optional[_Abort] = None
-        with o._cv:
-            before = o.generator.version
-            try:
-                result = fn()
-            except GGError as exc:
-                err = _map_error(exc)
-            except _Abort as exc:
-                err = exc
-            if o.generator.version != before:
-                o._cv.notify_all()
-        if err is not None:
-            if err.metadata:
-                context.set_trailing_metadata(err.metadata)
-            context.abort(err.code, err.details)
-        return result
-
-    # -- RPCs
-    def RequestGroup(self, request, context):
-        self._auth(request.secret, context)
-        o = self._o
-        gen = o.generator
-        start = o.clock()
-        wait_s = request.wait_s if request.wait_s > 0 else o.request_wait_s
-        remaining = context.time_remaining()
-        if remaining is not None:  # answer with our own, more informative, deadline error before the client's
-            wait_s = min(wait_s, max(0.0, remaining - 0.25))
-        deadline = start + wait_s
-        worker = request.worker
-        iteration = request.iteration
-
-        def body():
-            group = gen.request(worker, o.clock(), iteration, request.last_group_id)
-            while group is None:
-                if o._stopping:
-                    raise _Abort(grpc.StatusCode.UNAVAILABLE, "group generator is shutting down")
-                now = o.clock()
-                if now >= deadline:
-                    info = gen.wait_info(worker)
-                    if info is None:  # pragma: no cover - defensive
-                        raise _Abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"worker {worker} waited {wait_s:.3f}s")
-                    raise _Abort(
-                        grpc.StatusCode.DEADLINE_EXCEEDED,
-                        f"waited {now - start:.3f}s; {info.describe()}; request again to keep waiting",
-                        (
-                            (MD_GROUP, str(info.group_id)),
-                            (MD_MEMBERS, _csv(info.members)),
-                            (MD_WORKERS, _csv(info.busy)),
-                            (MD_AWAITING, _csv(info.awaiting)),
-                        ),
-                    )
-                if not context.is_active():  # the client went away; its request stays outstanding
-                    raise _Abort(grpc.StatusCode.CANCELLED, "client cancelled")
-                timeout = min(deadline - now, 0.5)
-                nd = gen.next_deadline()
-                if nd is not None:
-                    timeout = min(timeout, max(nd - now, 0.001))
-                before = gen.version
-                o._cv.wait(timeout)
-                group = gen.poll(worker, o.clock())
-                if gen.version != before:
-                    o._cv.notify_all()
-            return group
-
-        group = self._run(context, body)
-        return _group_pb(group, o.clock() - start)
-
-    def Ack(self, request, context):
-        self._auth(request.secret, context)
-        o = self._o
-        done = self._run(context, lambda: o.generator.ack(request.worker, request.group_id, o.clock()))
-        return pb2.AckReply(group_completed=bool(done))
-
-    def Finish(self, request, context):
-        self._auth(request.secret, context)
-        o = self._o
-        groups = self._run(context, lambda: o.generator.finish(request.worker, o.clock()))
-        return pb2.FinishReply(obligations=[_group_pb(g) for g in groups])
-
-    def Away(self, request, context):
-        self._auth(request.secret, context)
-        o = self._o
-        groups = self._run(context, lambda: o.generator.away(request.worker, o.clock()))
-        return pb2.AwayReply(excluded=[_group_pb(g) for g in groups])
-
-    def GetMetrics(self, request, context):
-        self._auth(request.secret, context)
-        m = self._run(context, self._o.generator.metrics)
-        return metrics_to_pb(m)
-
-    def Shutdown(self, request, context):
-        self._auth(request.secret, context)
-        threading.Thread(target=self._o.stop, kwargs={"grace": 0.5}, daemon=True).start()
-        return pb2.ShutdownReply()
-
-
-def metrics_to_pb(m: dict):
-    workers = [
-        pb2.WorkerMetrics(
-            worker=w,
-            requests=m["requests"][w],
-            syncs=m["syncs"][w],
-            waits=m["waits"][w],
-            pending_time_s=m["pending_time_s"][w],
-            max_pending_s=m["max_pending_s"][w],
-            state=m["state"][w],
-            last_iteration=m["last_iteration"][w],
-        )
-        for w in range(m["size"])
-    ]
-    return pb2.Metrics(
-        mode=m["mode"],
-        size=m["size"],
-        groups_formed=m["groups_formed"],
-        groups_completed=m["groups_completed"],
-        groups_failed=m["groups_failed"],
-        singletons=m["singletons"],
-        conflicts=m["conflicts"],
-        global_divisions=m["global_divisions"],
-        away_events=m["away_events"],
-        pending_groups=m["pending_groups"],
-        active_groups=m["active_groups"],
-        workers=workers,
-    )
-
-
 class GGServer:
-    """A running Group Generator service.
+    """Rank 0's running coordinator server (the Group Generator and the services beside it).
 
     Attributes: ``address`` (``host:port`` to give to the clients), ``secret`` (the job secret), ``generator``
     (the state machine; touch it only under ``lock``).  Use :func:`start_server` / :func:`start_for_job`.
@@ -259,14 +75,13 @@ class GGServer:
             options=[("grpc.so_reuseport", 0)],
             maximum_concurrent_rpcs=None,
         )
-        pb2_grpc.add_GroupGeneratorServicer_to_server(_Servicer(self), self._server)
-        # ESync's State Server shares the port and the secret; sync="esync" installs one (state_service.install).
+        group_generator_service.add_to_server(self, self._server)
+        # ESync's State Server shares the port and the secret; sync="esync" installs one (state_server.service.install).
         self.state_server = None
-        pb2_grpc.add_StateServerServicer_to_server(StateServicer(self), self._server)
-        # The Switch Board (live mode switches, sync="auto") too: switch_service.py.
-        pb2_grpc.add_SwitchBoardServicer_to_server(SwitchServicer(self, generator.size), self._server)
-        # The Job Clock (job epochs, the agreed stop step): job_service.py.
-        pb2_grpc.add_JobClockServicer_to_server(JobServicer(self, generator.size), self._server)
+        state_server_service.add_to_server(self, self._server)
+        # The Switch Board (live mode switches, sync="auto") and the Job Clock (job epochs, the agreed stop step).
+        switchboard_service.add_to_server(self, self._server)
+        job_clock_service.add_to_server(self, self._server)
         try:
             bound = self._server.add_insecure_port(format_address(host, port))
         except RuntimeError as exc:
@@ -374,7 +189,7 @@ def start_for_job(
     ``node_of[rank]`` is the node of each rank (e.g. gathered host names); it drives Inter-Intra synchronization.
     ``host=None`` binds 127.0.0.1 when every rank is on one node, otherwise this host's non-loopback address
     (or ``$HETSYNC_GG_HOST``).  Broadcast ``(server.address, server.secret)`` to all ranks and build a
-    :class:`~hetsync.coordinator.client.GroupGeneratorClient` on each.  Call ``server.stop()`` at shutdown.
+    :class:`~hetsync.coordinator.group_generator.client.GroupGeneratorClient` on each.  Call ``server.stop()`` at shutdown.
     """
     if host is None:
         single_node = node_of is None or len(set(node_of)) <= 1

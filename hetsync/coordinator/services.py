@@ -13,14 +13,14 @@ import socket
 import time
 
 from hetsync.algorithms.hop_topology import machines
-from hetsync.coordinator import state_service
 from hetsync.coordinator._proto import ensure_generated
-from hetsync.coordinator.client import GroupGeneratorClient
 from hetsync.coordinator.group_generator import make_generator
-from hetsync.coordinator.job_service import JobClockClient
+from hetsync.coordinator.group_generator.client import GroupGeneratorClient
+from hetsync.coordinator.job_clock.client import JobClockClient
 from hetsync.coordinator.server import start_for_job
-from hetsync.coordinator.state_service import StateServerClient
-from hetsync.coordinator.switch_service import SwitchClient
+from hetsync.coordinator.state_server import service as state_server_service
+from hetsync.coordinator.state_server.client import StateServerClient
+from hetsync.coordinator.switchboard.client import SwitchClient
 
 log = logging.getLogger("hetsync.coordinator")
 
@@ -141,7 +141,7 @@ class JobServices:
     def install_state_server(self, epsilon):
         """Collective (sync="esync"): rank 0 installs a fresh ESync State Server on the coordinator server."""
         if self.rank == 0:
-            state_service.install(self.server, self.size, epsilon)
+            state_server_service.install(self.server, self.size, epsilon)
         self._phase += 1
         _barrier(self.hvd, f"hetsync.state.install.{self._phase}")
 

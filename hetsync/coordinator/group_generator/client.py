@@ -35,10 +35,13 @@ from typing import Callable, Optional, Sequence, Union
 
 import grpc
 
-from . import _proto
-from .group_generator import DRAFTED, GGError, Group, GroupFailed, InvalidArgument, ProtocolViolation, WorkerEvicted
+from .. import _proto
+from .errors import GGError, GroupFailed, InvalidArgument, ProtocolViolation, WorkerEvicted
+from .groups import Group
+from .random_gg import DRAFTED
+from .service import MD_AWAITING, MD_EVICTED, MD_GROUP, MD_MEMBERS, MD_WORKERS
 
-pb2, pb2_grpc = _proto.load()
+pb2, pb2_grpc = _proto.load("group_generator")
 
 __all__ = [
     "GroupGeneratorClient",
@@ -51,11 +54,6 @@ __all__ = [
 
 GroupInfo = Group  # what request_group returns: group_id, members (sorted tuple of ranks), phase, is_singleton
 
-_MD_GROUP = "hetsync-group-id"
-_MD_MEMBERS = "hetsync-members"
-_MD_WORKERS = "hetsync-workers"
-_MD_AWAITING = "hetsync-awaiting"
-_MD_EVICTED = "hetsync-evicted"
 _LATENCY_KEEP = 200_000  # samples kept per kind
 
 
@@ -96,21 +94,21 @@ def _translate(err: grpc.RpcError, worker: int = -1) -> GGError:
         return AccessDenied(details)
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return InvalidArgument(details)
-    if code == grpc.StatusCode.ABORTED and _MD_WORKERS in md:
-        return GroupFailed(int(md.get(_MD_GROUP, 0)), _ints(md.get(_MD_MEMBERS)), _ints(md.get(_MD_WORKERS)))
+    if code == grpc.StatusCode.ABORTED and MD_WORKERS in md:
+        return GroupFailed(int(md.get(MD_GROUP, 0)), _ints(md.get(MD_MEMBERS)), _ints(md.get(MD_WORKERS)))
     if code == grpc.StatusCode.FAILED_PRECONDITION:
-        if _MD_EVICTED in md:
-            exc = WorkerEvicted(worker, int(md[_MD_EVICTED]))
+        if MD_EVICTED in md:
+            exc = WorkerEvicted(worker, int(md[MD_EVICTED]))
             exc.args = (details,)
             return exc
         return ProtocolViolation(details)
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return WaitTimeout(
             details,
-            int(md.get(_MD_GROUP, 0) or 0),
-            _ints(md.get(_MD_MEMBERS)),
-            _ints(md.get(_MD_WORKERS)),
-            _ints(md.get(_MD_AWAITING)),
+            int(md.get(MD_GROUP, 0) or 0),
+            _ints(md.get(MD_MEMBERS)),
+            _ints(md.get(MD_WORKERS)),
+            _ints(md.get(MD_AWAITING)),
         )
     return Unavailable(f"{code}: {details}")
 

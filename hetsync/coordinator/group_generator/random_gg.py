@@ -2,7 +2,7 @@
 
 Without the Group Buffer a worker drafted into other workers' groups receives them with phase :data:`DRAFTED` and
 must run them before the group generated for its own request (see
-:meth:`hetsync.coordinator.client.GroupGeneratorClient.request_own_group`).
+:meth:`hetsync.coordinator.group_generator.client.GroupGeneratorClient.request_own_group`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The Job Clock: the job's count of train steps per epoch, and the agreed stop (README "Job epochs").
 
-A plain state machine (no gRPC, no clock of its own); hetsync/coordinator/job_service.py serves it on rank 0's
+A plain state machine (no gRPC, no clock of its own); hetsync/coordinator/job_clock/service.py serves it on rank 0's
 coordinator server and tests/test_job_clock.py checks it alone with hypothesis.
 
 Why.  Horovod's convention is ``steps_per_epoch = N`` per rank, so an epoch is ``N x size`` samples of the job.  In
@@ -27,6 +27,7 @@ ranks' cumulative Keras step counts (training/rank_state.py), the same numbering
 import math
 
 GRANTED, FULL, STOPPED = "granted", "full", "stopped"
+REACHED, WAITING = "reached", "waiting"  # JobReached's answers
 
 
 class EpochPlan:

@@ -1,9 +1,9 @@
 """The Job Clock over gRPC: the servicer rank 0's coordinator server hosts beside the Group Generator, the State
-Server and the Switch Board (same port, same job secret), and the client every rank uses.
+Server and the Switch Board (same port, same job secret).  Every rank's side is client.py.
 
-The decisions are :class:`hetsync.coordinator.job_clock.JobClock`'s; this module moves them over the wire under one
-condition variable, so a stopped rank's ``JobReached`` sleeps on the server until a claim fills its slice (no
-polling), and no clock is compared across ranks: the server measures its own waits.
+The decisions are :class:`~hetsync.coordinator.job_clock.clock.JobClock`'s; this module moves them over the wire
+under one condition variable, so a stopped rank's ``JobReached`` sleeps on the server until a claim fills its slice
+(no polling), and no clock is compared across ranks: the server measures its own waits.
 """
 import json
 import threading
@@ -11,12 +11,11 @@ import time
 
 import grpc
 
-from . import _proto
-from .auth import require_secret
-from .job_clock import FULL, GRANTED, STOPPED, EpochPlan, JobClock
+from .. import _proto
+from ..auth import require_secret
+from .clock import GRANTED, REACHED, STOPPED, WAITING, EpochPlan, JobClock
 
-pb2, pb2_grpc = _proto.load()
-REACHED, WAITING = "reached", "waiting"
+pb2, pb2_grpc = _proto.load("job_clock")
 
 
 class JobServicer(pb2_grpc.JobClockServicer):
@@ -85,44 +84,6 @@ class JobServicer(pb2_grpc.JobClockServicer):
         return self._call(request, context, lambda clock: pb2.JobMetricsReply(json=json.dumps(clock.metrics())))
 
 
-class JobClockClient:
-    """One rank's connection to the Job Clock; every call has ``timeout`` seconds."""
-
-    def __init__(self, address, secret, worker, timeout=30.0):
-        self.worker, self.secret, self.timeout = int(worker), secret, float(timeout)
-        self._channel = grpc.insecure_channel(address)
-        self._stub = pb2_grpc.JobClockStub(self._channel)
-
-    def _msg(self, epoch=0, step=0, position=0, plan=None, wait_s=0.0):
-        return pb2.JobStepMsg(secret=self.secret, worker=self.worker, epoch=int(epoch), step=int(step),
-                              position=int(position), total=plan.total if plan else 0,
-                              keras_steps=plan.keras_steps if plan else 0, wait_s=float(wait_s))
-
-    def claim(self, epoch, step, position, plan, force=False, floor=0):
-        """(status, count, stop_at or None): status is job_clock.GRANTED, FULL or STOPPED."""
-        msg = self._msg(epoch, step, position, plan)
-        msg.force, msg.floor = bool(force), int(floor)
-        r = self._stub.JobClaim(msg, timeout=self.timeout)
-        return r.status, r.count, (None if r.stop_at < 0 else r.stop_at)
-
-    def reached(self, epoch, step, position, plan, wait_s):
-        """(reached, stop_at or None) after at most ``wait_s`` seconds on the server."""
-        r = self._stub.JobReached(self._msg(epoch, step, position, plan, wait_s), timeout=self.timeout + wait_s)
-        return r.status == REACHED, (None if r.stop_at < 0 else r.stop_at)
-
-    def stop(self, position):
-        """This rank stopped during Keras step ``position``; returns the stop step if every rank has stopped."""
-        r = self._stub.JobStop(self._msg(position=position), timeout=self.timeout)
-        return None if r.stop_at < 0 else r.stop_at
-
-    def resume(self):
-        self._stub.JobResume(self._msg(), timeout=self.timeout)
-
-    def metrics(self):
-        return json.loads(self._stub.JobMetrics(pb2.MetricsRequest(secret=self.secret), timeout=self.timeout).json)
-
-    def close(self):
-        self._channel.close()
-
-
-__all__ = ["JobServicer", "JobClockClient", "GRANTED", "FULL", "STOPPED", "REACHED", "WAITING"]
+def add_to_server(owner, server: grpc.Server) -> None:
+    """Serves the Job Clock (created here, for ``owner.generator.size`` ranks) on ``server``."""
+    pb2_grpc.add_JobClockServicer_to_server(JobServicer(owner, owner.generator.size), server)

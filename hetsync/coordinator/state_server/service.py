@@ -1,23 +1,22 @@
 """ESync's State Server over gRPC (ESync §4.1, §4.2): the servicer rank 0's coordinator server hosts beside the
-Group Generator (same port, same job secret, loopback-bound on one host), and the client each worker uses.
+Group Generator (same port, same job secret, loopback-bound on one host).  The worker's side is client.py.
 
-The decisions are :class:`hetsync.coordinator.state_server.StateServer`'s (a plain state machine); this module only
-moves them over the wire, under one lock.  ``now`` is the server's ``time.monotonic()`` at a request's receipt.
-No absolute time crosses the wire (the paper's Algorithm 2 compares a worker's t_e with the server's clock, a
-one-host assumption): the client API takes the worker's finish times on the worker's own clock, the client sends
-how long ago they were (``since_finish_s``, measured just before sending), and the server places that on its own
-clock (state_server.py, "Clocks").
+The decisions are :class:`~hetsync.coordinator.state_server.state_machine.StateServer`'s (a plain state machine);
+this module only moves them over the wire, under one lock.  ``now`` is the server's ``time.monotonic()`` at a
+request's receipt.  No absolute time crosses the wire (the paper's Algorithm 2 compares a worker's t_e with the
+server's clock, a one-host assumption): the client sends how long ago its finish times were (``since_finish_s``,
+measured just before sending), and the server places that on its own clock (state_machine.py, "Clocks").
 """
 import threading
 import time
 
 import grpc
 
-from . import _proto
-from .auth import require_secret
-from .state_server import StateServer
+from .. import _proto
+from ..auth import require_secret
+from .state_machine import StateServer
 
-pb2, pb2_grpc = _proto.load()
+pb2, pb2_grpc = _proto.load("state_server")
 
 
 class StateServicer(pb2_grpc.StateServerServicer):
@@ -103,56 +102,6 @@ def install(gg_server, size, epsilon):
     gg_server.state_server = StateServer(size, epsilon)
 
 
-class StateServerClient:
-    """One worker's connection to the State Server; every call has ``timeout`` seconds.  ``clock`` is the worker's
-    own clock, the one its ``last_finish_time`` / ``finish_time`` arguments are read on: they leave as durations
-    (module docstring), so it need not be the server's."""
-
-    def __init__(self, address, secret, worker, timeout=30.0, clock=time.monotonic):
-        self.worker, self.secret, self.timeout, self._clock = int(worker), secret, float(timeout), clock
-        self._channel = grpc.insecure_channel(address)
-        self._stub = pb2_grpc.StateServerStub(self._channel)
-
-    def _since(self, finished_at):
-        return max(0.0, self._clock() - float(finished_at))
-
-    def _query(self, local_iterations, capability_s, last_finish_time):
-        return pb2.StateQuery(secret=self.secret, worker=self.worker, local_iterations=int(local_iterations),
-                              capability_s=float(capability_s), since_finish_s=self._since(last_finish_time))
-
-    def query(self, local_iterations, capability_s, last_finish_time):
-        """QUERY-STATE: True (READY: aggregate now) or False (take another local step).  ``last_finish_time``:
-        when the last local step ended, on this worker's ``clock``."""
-        return self._stub.QueryState(self._query(local_iterations, capability_s, last_finish_time),
-                                     timeout=self.timeout).ready
-
-    def query_async(self, local_iterations, capability_s, last_finish_time):
-        """§4.2's non-blocking query: a future whose ``result()`` is the StateReply."""
-        return self._stub.QueryState.future(self._query(local_iterations, capability_s, last_finish_time),
-                                            timeout=self.timeout)
-
-    def reset(self, round_, finish_time):
-        """RESET-STATE-SERVER: the worker starts round ``round_``; its aggregation ended at ``finish_time`` (this
-        worker's ``clock``)."""
-        self._stub.ResetState(pb2.StateReset(secret=self.secret, worker=self.worker, round=int(round_),
-                                             since_finish_s=self._since(finish_time)), timeout=self.timeout)
-
-    def wait(self, round_, timeout_s):
-        """Arrives at round ``round_``'s aggregation and waits for every live worker (StateWait); grpc.RpcError
-        DEADLINE_EXCEEDED names the workers that did not come."""
-        self._stub.StateWait(pb2.StateWaitRequest(secret=self.secret, worker=self.worker, round=int(round_),
-                                                  timeout_s=float(timeout_s)), timeout=float(timeout_s) + 30.0)
-
-    def away(self):
-        self._stub.StateAway(pb2.StateWorker(secret=self.secret, worker=self.worker), timeout=self.timeout)
-
-    def finish(self):
-        self._stub.StateFinish(pb2.StateWorker(secret=self.secret, worker=self.worker), timeout=self.timeout)
-
-    def metrics(self):
-        m = self._stub.StateMetrics(pb2.MetricsRequest(secret=self.secret), timeout=self.timeout)
-        return {"rounds": list(m.rounds), "local_steps": list(m.local_steps), "queries": list(m.queries),
-                "state": list(m.state), "capability": list(m.capability_s)}
-
-    def close(self):
-        self._channel.close()
+def add_to_server(owner, server: grpc.Server) -> None:
+    """Serves the State Server installed on ``owner`` (the coordinator server: ``secret``, ``state_server``)."""
+    pb2_grpc.add_StateServerServicer_to_server(StateServicer(owner), server)

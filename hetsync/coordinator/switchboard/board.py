@@ -1,6 +1,6 @@
 """The Switch Board: one decision, on every rank, about when the job changes its sync mode (README "Switching").
 
-A plain state machine (no gRPC, no clock of its own); hetsync/coordinator/switch_service.py serves it on rank 0's
+A plain state machine (no gRPC, no clock of its own); hetsync/coordinator/switchboard/service.py serves it on rank 0's
 coordinator server, and tests/test_switchboard.py checks it alone with hypothesis.
 
 Why a negotiation.  Every rank must switch after the same Keras step: the switch is a global consensus round, and

@@ -1,9 +1,9 @@
 """The Switch Board over gRPC: the servicer rank 0's coordinator server hosts beside the Group Generator and the
-State Server (same port, same job secret, loopback on one host), and the client every rank uses.
+State Server (same port, same job secret, loopback on one host).  Every rank's side is client.py.
 
-The decisions are :class:`hetsync.coordinator.switchboard.SwitchBoard`'s; this module moves them over the wire,
-under one lock.  No clock is compared across hosts: a report carries each sample's age (a duration on the worker's
-clock), which the service places on its own clock at receipt (the error is the report's one-way latency).
+The decisions are :class:`~hetsync.coordinator.switchboard.board.SwitchBoard`'s; this module moves them over the
+wire, under one lock.  No clock is compared across hosts: a report carries each sample's age (a duration on the
+worker's clock), which the service places on its own clock at receipt (the error is the report's one-way latency).
 """
 import json
 import threading
@@ -11,12 +11,12 @@ import time
 
 import grpc
 
-from . import _proto
-from .auth import require_secret
+from .. import _proto
+from ..auth import require_secret
 from .auto_policy import AutoPolicy
-from .switchboard import SwitchBoard
+from .board import SwitchBoard
 
-pb2, pb2_grpc = _proto.load()
+pb2, pb2_grpc = _proto.load("switchboard")
 
 
 class SwitchServicer(pb2_grpc.SwitchBoardServicer):
@@ -68,7 +68,7 @@ class SwitchServicer(pb2_grpc.SwitchBoardServicer):
             else:
                 cfg = json.loads(request.policy_json)
                 board.policy = AutoPolicy(board.size, cfg.pop("candidates", None), **cfg)
-            return pb2.StateAck()
+            return pb2.SwitchAck()
 
         return self._call(request, context, configure)
 
@@ -96,40 +96,6 @@ class SwitchServicer(pb2_grpc.SwitchBoardServicer):
         return pb2.MusterReply(missing=missing, errors=errors)
 
 
-class SwitchClient:
-    """One rank's connection to the Switch Board; every call has ``timeout`` seconds."""
-
-    def __init__(self, address, secret, worker, timeout=30.0):
-        self.worker, self.secret, self.timeout = int(worker), secret, float(timeout)
-        self._channel = grpc.insecure_channel(address)
-        self._stub = pb2_grpc.SwitchBoardStub(self._channel)
-
-    def request(self, mode, options_json):
-        reply = self._stub.SwitchRequest(pb2.SwitchRequestMsg(secret=self.secret, worker=self.worker, mode=mode,
-                                                              options_json=options_json), timeout=self.timeout)
-        return reply.status, reply.pending_mode
-
-    def report(self, position, applied, mode, options_json, samples=(), every=1):
-        """The decision this rank has yet to carry out (a SwitchDecision; ``id == 0``: none).  ``samples``:
-        (time.monotonic() on this rank, compute seconds) pairs; they travel as ages."""
-        now = time.monotonic()
-        return self._stub.SwitchReport(pb2.SwitchReportMsg(
-            secret=self.secret, worker=self.worker, position=int(position), applied=int(applied), mode=mode,
-            options_json=options_json, every=int(every), sample_age_s=[now - t for t, _ in samples],
-            sample_compute_s=[c for _, c in samples]), timeout=self.timeout)
-
-    def configure(self, policy):
-        """Installs ``sync="auto"``'s policy (a dict: candidates and settings; None removes it)."""
-        self._stub.SwitchConfigure(pb2.SwitchConfigureMsg(
-            secret=self.secret, policy_json=json.dumps(policy) if policy is not None else ""), timeout=self.timeout)
-
-    def muster(self, key, error, wait_s):
-        """The switch's roll call (collective: every rank calls it with the same ``key``): (missing ranks, errors
-        by rank).  Missing ranks are named after ``wait_s`` seconds, never waited for longer."""
-        reply = self._stub.SwitchMuster(pb2.MusterMsg(secret=self.secret, worker=self.worker, key=key,
-                                                      error=error or "", wait_s=float(wait_s)),
-                                        timeout=float(wait_s) + self.timeout)
-        return list(reply.missing), list(reply.errors)
-
-    def close(self):
-        self._channel.close()
+def add_to_server(owner, server: grpc.Server) -> None:
+    """Serves the Switch Board (created here, for ``owner.generator.size`` ranks) on ``server``."""
+    pb2_grpc.add_SwitchBoardServicer_to_server(SwitchServicer(owner, owner.generator.size), server)
