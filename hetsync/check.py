@@ -118,7 +118,7 @@ def run_job_checks():
     import tensorflow as tf
 
     import hetsync
-    from hetsync import ops  # deferred: the launcher process of `hetsync check` loads no TensorFlow
+    from hetsync import ops, ops_partial  # deferred: the launcher process of `hetsync check` loads no TensorFlow
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -132,7 +132,7 @@ def run_job_checks():
     out = ops.p_reduce(tf.fill([1024], float(rank + 1)), list(range(size)))
     ok = say(abs(float(out[0]) - expected) < 1e-6, f"P-Reduce over ranks 0-{size - 1}: {float(out[0]):g}",
              f"expected {expected:g}: the engine's exchange is broken; see docs/engine.md")
-    result = ops.partial_allreduce(tf.fill([1024], float(rank + 1)), mode="all", name="hetsync-check")
+    result = ops_partial.partial_allreduce(tf.fill([1024], float(rank + 1)), mode="all", name="hetsync-check")
     value = float(tf.reshape(result.tensors, [-1])[0])
     ok &= say(abs(value - expected) < 1e-6, f"partial allreduce (all ranks): {value:g}",
               f"expected {expected:g}: the engine's partial collectives are broken; see docs/engine.md")

@@ -6,7 +6,7 @@ hetsync accepts:
 * each mode's ``OPTIONS`` (hetsync/algorithms/*.py, :class:`hetsync.algorithms.options.Option`: type, default,
   meaning, paper section);
 * ``sync="auto"``'s own settings (hetsync/optimizer.py ``AUTO_OWN``) and its policy's
-  (hetsync/coordinator/auto_policy.py ``SETTINGS``, ``DEFAULT_CANDIDATES``);
+  (hetsync/coordinator/switchboard/auto_policy.py ``SETTINGS``, ``DEFAULT_CANDIDATES``);
 * ``hetsync.DistributedOptimizer``'s own arguments (``FAMILY_OPTIONS``) and Horovod's keyword arguments
   (hetsync/algorithms/horovod_kwargs.py);
 * ``hetsync.init``'s arguments (hetsync/_runtime.py ``INIT_OPTIONS``);
@@ -24,7 +24,7 @@ import sys
 from hetsync import _generated, algorithms, compat, env
 from hetsync._runtime import INIT_OPTIONS
 from hetsync.algorithms import horovod_kwargs
-from hetsync.coordinator.auto_policy import DEFAULT_CANDIDATES, SETTINGS
+from hetsync.coordinator.switchboard.auto_policy import DEFAULT_CANDIDATES, SETTINGS
 from hetsync.optimizer import AUTO_OWN, FAMILY_OPTIONS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -155,7 +155,7 @@ def render():
         "## `sync=\"auto\"`",
         "",
         "Measures the workers' compute times and switches live between the `candidates` as the job's "
-        "heterogeneity changes (hetsync/coordinator/auto_policy.py).",
+        "heterogeneity changes (hetsync/coordinator/switchboard/auto_policy.py).",
         "",
         "| option | type | default | meaning | paper § |",
         "|---|---|---|---|---|",

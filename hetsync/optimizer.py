@@ -2,7 +2,7 @@
 from hetsync import _runtime, algorithms, compat
 from hetsync.algorithms import horovod_kwargs
 from hetsync.algorithms.options import Option, check_all, did_you_mean
-from hetsync.coordinator.auto_policy import AutoPolicy, SETTINGS
+from hetsync.coordinator.switchboard.auto_policy import AutoPolicy, SETTINGS
 from hetsync.switching import Family
 from hetsync.training import options as agreement
 
@@ -10,7 +10,7 @@ REPORT_EVERY = 8  # sync="auto": steps between a rank's Switch Board reports (sw
 FAMILY_OPTIONS = {  # every mode's
     "job_epochs": Option(True, "bool", doc="an epoch is the job's sum(steps_per_epoch) train steps (README)"),
 }
-AUTO_OWN = {  # sync="auto"'s, beside its policy's SETTINGS (coordinator/auto_policy.py) and candidates
+AUTO_OWN = {  # sync="auto"'s, beside its policy's SETTINGS (coordinator/switchboard/auto_policy.py) and candidates
     "report_every": Option(REPORT_EVERY, "int", minimum=1, doc="steps between a rank's Switch Board reports"),
     "pretrace": Option(True, "bool", doc="trace the candidates' train steps after the first step"),
 }

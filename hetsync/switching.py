@@ -2,7 +2,7 @@
 
 ``hetsync.DistributedOptimizer`` returns the optimizer of a :class:`Family`: the user's optimizer as the first
 mode wraps it, and the recipe to wrap it in any other mode.  A switch happens at a step boundary every rank agrees
-on (a schedule's epoch, or the step the Switch Board negotiated, hetsync/coordinator/switchboard.py) and is, on
+on (a schedule's epoch, or the step the Switch Board negotiated, hetsync/coordinator/switchboard/board.py) and is, on
 every rank at the same point (:func:`perform`), a consistent cut:
 
 0. the roll call (:func:`muster`), before anything changes: every rank checks the new mode (:func:`preflight`) and

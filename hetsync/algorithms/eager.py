@@ -1,6 +1,6 @@
 """``sync="eager-solo"`` and ``sync="eager-majority"``: eager-SGD (eager-SGD §5, Algorithm 5 and Fig 7).
 
-Each step averages the gradients with a *partial* allreduce instead of Horovod's (ops.partial_allreduce, §4):
+Each step averages the gradients with a *partial* allreduce instead of Horovod's (ops_partial.partial_allreduce, §4):
 the ranks whose gradients are ready contribute them, the others contribute passively from their engine's progress
 thread what their send buffer holds (gradients of earlier steps that no round took yet, or nothing).  A rank that
 arrives after a round ran gets that round's average at once and its own gradients wait in the send buffer for the
@@ -27,7 +27,7 @@ averages with Horovod: at every epoch end (every hetsync mode does this, hetsync
 Options:
   model_sync_every: batches between mid-epoch model averages (default 200; None: epoch ends only).  A
     ``hetsync.callbacks.ConsensusCallback`` callback, if the user adds one, overrides it.
-  seed: majority's shared seed for the initiator sequence (ops.majority_initiator).  Default 0.
+  seed: majority's shared seed for the initiator sequence (ops_partial.majority_initiator).  Default 0.
   late: "accumulate" (default), "latest" or "algorithm5", above.
   timeout: seconds before a round that cannot run fails (a rank's engine gone; majority: its designated rank never
     came and is not away).  Default: hetsync.init's.
@@ -37,7 +37,7 @@ import itertools
 
 import tensorflow as tf
 
-from hetsync import _runtime, ops
+from hetsync import _runtime, ops, ops_partial
 from hetsync.algorithms import register
 from hetsync.algorithms._wrap import apply_locally, wrap_post_update
 from hetsync.algorithms.base import SyncAlgorithm
@@ -114,14 +114,14 @@ class EagerSGD(SyncAlgorithm):
     def drain(self, optimizer, variables):
         """A live switch leaves eager-SGD, every rank having finished its last step: what each partial allreduce
         holds for this rank but has not returned (round results since its last call, its own deposit that no round
-        took: ops.partial_drain) is applied here as one local update of the user's optimizer.  The switch's average
+        took: ops_partial.partial_drain) is applied here as one local update of the user's optimizer.  The switch's average
         then shares it, so every gradient is applied exactly once (with late="accumulate"; weight 1/P per rank, as
         a round's result) and nothing waits in the engine for a later return to this mode."""
         done = super().drain(optimizer, variables)
         drained = []
         for wire, exchanged in sorted(self._exchanged.items()):
             dtype = tf.float64 if wire == "float64" else tf.float32
-            sums = ops.partial_drain(f"{self.collective}.{wire}", [tf.zeros(v.shape, dtype) for v in exchanged])
+            sums = ops_partial.partial_drain(f"{self.collective}.{wire}", [tf.zeros(v.shape, dtype) for v in exchanged])
             drained += [(tf.cast(s, v.dtype), v) for s, v in zip(sums, exchanged)]
         if drained and any(bool(tf.reduce_any(s != 0)) for s, _ in drained):
             apply_locally(optimizer, drained)
@@ -141,7 +141,7 @@ class EagerSGD(SyncAlgorithm):
             self._exchanged[wire.name] = [variables[i] for i in idx]  # what a switch drains (at trace time)
             late = self.options["late"]
             with tf.control_dependencies(previous):
-                res = ops.partial_allreduce([tf.cast(grads[i], wire) for i in idx], mode=self.MODE,
+                res = ops_partial.partial_allreduce([tf.cast(grads[i], wire) for i in idx], mode=self.MODE,
                                             name=f"{self.collective}.{wire.name}", seed=self.options["seed"],
                                             timeout=self.options["timeout"], compression=self.compression,
                                             late="latest" if late == "algorithm5" else late)

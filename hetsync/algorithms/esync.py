@@ -1,63 +1,42 @@
 """``sync="esync"``: ESync -- fast workers take local steps until the slowest is ready, then one aggregation
 (ESync §3.1 Algorithm 1 for the worker, §4.1 Algorithm 2 for the State Server, §4.2 for the non-blocking query).
 
-**One Keras step is one ESync round** (hetsync/training/ calls :meth:`ESync.run_step` instead of the compiled
-train function):
+**One Keras step is one ESync round** (hetsync/training/ calls :meth:`ESync.run_step`, not the compiled step):
 
-0. RUN-BATCH-DATA-TEST (Algorithm 1 line 3, ``batch_data_test=True``), once per State Server (each time ESync is
-   entered): before round 0 the worker times local iterations on real batches, reports the capability with a k = 0
-   query (the paper's first QUERY-STATE) and undoes them, so round 0 is already decided on measured capabilities;
-1. local iterations: the compiled train step (the user's optimizer, the user's loss, one batch each) runs while
-   the State Server (hetsync/coordinator/state_server.py, on rank 0's coordinator server) answers NOT-READY.  The
-   first iteration of a round asks nothing (Algorithm 2 answers NOT-READY to k = 0 anyway), so every worker takes at
-   least one; the slowest worker takes exactly one, a worker c times faster about c;
-2. roll call: the worker tells the State Server it is at the aggregation and waits until every live worker is
-   (``StateWait``).  A worker that never comes (dead, hung) is named in an error after ``timeout`` seconds instead
-   of leaving everyone inside a Horovod collective that never completes;
-3. aggregation: Δ_i = w_local - w_t (eq. 6), ONE Horovod allreduce (Sum) of the fused Δ of every trainable
-   variable, the non-trainable float variables (BatchNorm statistics) and a contribution flag; then
-   w_{t+1} = w_t + ε·mean(Δ) (eqs. 7-8, ε = ``global_lr``) on every worker, and the non-trainable variables become
-   their mean.  w_t is kept in its own variables, so every worker holds the same w_{t+1} bit for bit;
+0. RUN-BATCH-DATA-TEST (Algorithm 1 line 3, ``batch_data_test=True``), each time ESync is entered: local
+   iterations on real batches, timed and undone, and a k = 0 query, so round 0 is decided on measured capabilities;
+1. local iterations of the compiled train step (the user's optimizer and loss) while the State Server
+   (coordinator/state_server/, on rank 0) answers NOT-READY; the first asks nothing (Algorithm 2 answers NOT-READY
+   to k = 0), so the slowest worker takes exactly one, a worker c times faster about c;
+2. roll call (``StateWait``): a worker that never comes is named in an error after ``timeout`` seconds instead of
+   leaving everyone inside a Horovod collective that never completes;
+3. aggregation: Δ_i = w_local - w_t (eq. 6), ONE Horovod allreduce (Sum) of the fused Δ, the non-trainable float
+   variables (BatchNorm statistics) and a contribution flag; w_{t+1} = w_t + ε·mean(Δ) (eqs. 7-8, ε =
+   ``global_lr``), bit for bit the same on every worker;
 4. RESET-STATE-SERVER with the round's end time.
 
-So every rank takes the same number of Keras steps: callbacks, a user's per-batch Horovod collectives, epoch ends
-and Keras' ``steps_per_epoch`` stay in lockstep, while a fast worker processes more batches per step.  Its dataset
-must therefore supply them: repeat it (``dataset.repeat()`` with ``steps_per_epoch``, Horovod's usual pattern).  A
-rank whose iterator runs out during the extra local iterations ends the round there and contributes only the
-aggregation for the rest of the epoch.
+So every rank takes the same number of Keras steps (callbacks, a user's per-batch collectives, epoch ends stay in
+lockstep) while a fast worker processes more batches per step: its dataset must supply them (``dataset.repeat()``
+with ``steps_per_epoch``).  A rank whose iterator runs out ends the round there and only aggregates afterwards.
 
-Choices where the paper is silent (README, "ESync"):
+Choices where the paper is silent, and the options that keep the paper's rule (docs/modes/esync.md tabulates them
+with measurements):
 
 * The mean is over the workers that trained this round (the flag's sum).  An idle worker (stopped early,
   hetsync/training/) runs only the aggregation, with Δ = 0 and flag 0, so the others' allreduce completes and it
-  receives their models (as ``allreduce``'s idle steps do), and it is away for the State Server.
-* RUN-BATCH-DATA-TEST runs three iterations, undone (Algorithm 1 starts round 0 from w_0, line 6), and takes the
-  shorter of the second and third one's durations: the first may include tracing the train step.  They count in no
-  metric.  A model built lazily (no Input layer) gets its variables in an extra first iteration, whose update stays
-  (w_0 is then the average of the workers' models after it).  Custom loops (``hetsync.job_steps``) have no batch
-  test: their round 0 starts with capabilities 0 as before.
-* Each fit's round 0 starts after an allreduce (w_t <- the average): the worker reports t_e = its end with a k = 0
-  query, else the slowest's t_e, from before it, would make it look nearly done and end round 0 after one step.
-* Capability c (Algorithm 1 line 15) is the duration of the worker's last local iteration, an injected slowdown
-  included (hetsync.testing.SlowdownCallback sleeps per local iteration in this mode).  In non-blocking mode it includes the
-  last query's round-trip time (§4.2).
-* ``non_blocking=True`` (§4.2, delayed ACK): the query goes out without waiting and the worker keeps taking local
-  iterations; the answer is read after each iteration.  ``on_ready`` says what becomes of the iteration in flight
-  when READY arrives:
-
-  - ``"abort"`` (§4.2: "aborts the current (k + δ)-th iteration immediately and starts to perform aggregation based
-    on iterations 1 to k + δ - 1").  A compiled Keras step cannot be interrupted, so the exact equivalent for the
-    model is done: the worker snapshots the model, optimizer and metric variables before each iteration that runs
-    while a query is in flight, and when the READY answer arrived before that iteration ended it restores them: the
-    Δ aggregated is the model at READY time, the iteration counts nowhere (k, optimizer.iterations, metrics, the
-    capability).  What cannot be had is the paper's time saving: the iteration's compute has been spent, and its
-    batch is consumed;
-  - ``"finish"`` (ours): the iteration in flight completes and its update is part of Δ, so a fast worker may take
-    one iteration more per round than in blocking mode.  It keeps the work the paper throws away.
-
-  Blocking mode has no iteration in flight when the answer comes: ``on_ready`` does nothing there.
-* w_t starts, at each ``fit``'s first step, as the average of the workers' models (so ranks that were not
-  broadcast start together), and follows every sync point's consensus.
+  receives their models, and it is away for the State Server.
+* RUN-BATCH-DATA-TEST runs three iterations, undone (Algorithm 1 starts round 0 from w_0), and takes the shorter of
+  the second and third durations (the first may include tracing).  A lazily built model gets its variables in an
+  extra first iteration, whose update stays.  Custom loops have no batch test (capabilities start at 0).
+* Each fit's round 0 starts after an allreduce (w_t <- the average), and the worker reports t_e with a k = 0 query.
+* Capability c (Algorithm 1 line 15) is the last local iteration's duration (non-blocking: plus the query's RTT).
+* ``non_blocking=True`` (§4.2): the query goes out without waiting and is read after each iteration.
+  ``on_ready="abort"`` is the paper's rule: the model, optimizer and metric variables are snapshotted before each
+  iteration run while a query is in flight and restored when READY arrived before it ended (a compiled step cannot
+  be interrupted: the compute is spent, the iteration counts nowhere).  ``on_ready="finish"`` (ours, the default)
+  keeps the iteration's update in Δ.
+* w_t starts, at each ``fit``'s first step, as the average of the workers' models, and follows every sync point's
+  consensus.
 """
 import itertools
 import logging

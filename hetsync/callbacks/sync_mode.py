@@ -6,7 +6,7 @@
 
 Pass it on every rank, as Horovod's callbacks are (a rank without it would never hear of a switch: ``fit`` raises a
 ValueError naming the ranks).  The switch itself is hetsync's (hetsync/switching.py): this callback holds the
-schedule and sends requests to the Switch Board (hetsync/coordinator/switchboard.py), which picks the step at which
+schedule and sends requests to the Switch Board (hetsync/coordinator/switchboard/), which picks the step at which
 every rank switches.  Rule for several requests: the first one the board receives wins; requests that arrive
 before that switch has been carried out on every rank are dropped (``request`` returns "superseded").  At the
 switch's step every rank checks the new mode again (its roll call, hetsync/switching.py): if the check fails on any

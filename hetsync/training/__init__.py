@@ -4,7 +4,7 @@
   and every stop told to the Job Clock follows one of its transitions.  The single home of the absent-rank rule.
 * rank_state.py -- its Keras face: what a Keras step does, idle steps, sync points, the agreed stop.
 * job_epochs.py -- job epochs: an epoch is the job's ``sum(steps_per_epoch)`` train steps, shared by speed, with
-  every rank running the same Keras steps (coordinator/job_clock.py holds the count).
+  every rank running the same Keras steps (coordinator/job_clock/clock.py holds the count).
 * callbacks.py -- SyncPoints and StopVote, Keras' face of the state machine; keras_fit.py -- ``hetsync.keras.fit``,
   which plans each fit's epochs and adds them; front_door.py -- which front door a train step came through (plain
   ``model.fit`` of a hetsync model is refused; ``hvd.DistributedGradientTape`` in a loop of an own-pace mode too).

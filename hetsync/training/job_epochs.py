@@ -1,4 +1,4 @@
-"""Job epochs on one rank: a Keras step is a slice of the job's epoch (coordinator/job_clock.py explains the rule).
+"""Job epochs on one rank: a Keras step is a slice of the job's epoch (coordinator/job_clock/clock.py explains the rule).
 
 Horovod's ``steps_per_epoch = N`` per rank stays what Keras sees: every rank runs the same Keras steps, so
 callbacks, a user's per-batch Horovod collectives, learning-rate schedules and the progress bar line up.  What

@@ -13,7 +13,7 @@ dropped, iterates ``hetsync.job_steps`` instead of ``dataset.take(N)`` and ends 
 What it does, by how the mode's ranks step (``SyncAlgorithm.STEPPING``):
 
 * ``"own"`` (Ripples, eager-SGD, Hop): the loop's budget is the job's ``sum(N_r)`` train steps, shared by speed
-  (the Job Clock, coordinator/job_clock.py): each batch is claimed first, so a fast rank takes more.  A rank that
+  (the Job Clock, coordinator/job_clock/clock.py): each batch is claimed first, so a fast rank takes more.  A rank that
   stops, or finds the budget spent, leaves its loop at once and withdraws from hetsync's collectives, so nobody waits
   for it.  Each step's exchange marks the rank BETWEEN when it is done (the lifecycle's ``left_exchange``), so a Horovod collective
   later in the step -- the first step's ``broadcast_variables`` -- never deadlocks a peer's P-Reduce.

@@ -9,7 +9,7 @@ its own:
 * stopped (a time budget, EarlyStopping alone, ``stop_training`` on this rank) while others train on: the rank keeps
   stepping through the same Keras steps, so every callback and every user collective runs as often as on the
   others, but trains nothing (a synchronous mode's steps contribute a zero gradient).  Once every rank has stopped
-  the Job Clock names the step after which all leave ``fit`` together (coordinator/job_clock.py): the job ends a
+  the Job Clock names the step after which all leave ``fit`` together (coordinator/job_clock/clock.py): the job ends a
   few steps after its last stop, however long the epoch;
 * out for the rest of the epoch: uneven shards in a synchronous mode with per-rank epochs (the rank's own
   ``steps_per_epoch`` is over: idle steps until the epoch's sync point);

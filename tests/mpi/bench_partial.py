@@ -31,7 +31,7 @@ def main():
 
     from mpi4py import MPI
 
-    from hetsync import ops
+    from hetsync import ops, ops_partial
 
     comm = MPI.COMM_WORLD.Dup()
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -42,7 +42,7 @@ def main():
     recvbuf = np.empty_like(sendbuf)
 
     def partial(mode):
-        fn = tf.function(lambda t: ops.partial_allreduce(t, mode=mode, name=f"bench-{mode}", seed=1))
+        fn = tf.function(lambda t: ops_partial.partial_allreduce(t, mode=mode, name=f"bench-{mode}", seed=1))
         return lambda: fn(x)
 
     def mpi():

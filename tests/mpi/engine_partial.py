@@ -28,6 +28,8 @@ from engine_util import barrier, expect_error, hvd, run, start
 import numpy as np
 import tensorflow as tf
 
+from hetsync import ops_partial
+
 QUICK = len(sys.argv) > 1 and sys.argv[1] == "quick"
 K = 30 if QUICK else 60
 SEED = 7
@@ -35,7 +37,7 @@ SEED = 7
 
 @functools.lru_cache(maxsize=None)
 def _engine_initiator_fn():
-    """The engine's C function behind ops.majority_initiator, bound once (ctypes)."""
+    """The engine's C function behind ops_partial.majority_initiator, bound once (ctypes)."""
     from hetsync import ops
 
     fn = ctypes.CDLL(ops._LIB_PATH).hetsync_majority_initiator
@@ -45,7 +47,7 @@ def _engine_initiator_fn():
 
 
 def engine_majority_initiator(seed, name, round_, size):
-    """The engine's own answer for ops.majority_initiator."""
+    """The engine's own answer for ops_partial.majority_initiator."""
     return int(_engine_initiator_fn()(seed & ((1 << 64) - 1), name.encode(), int(round_), int(size)))
 
 
@@ -64,7 +66,7 @@ def call_loop(ops, mode, name, sleeper):
         time.sleep(rng.uniform(0, 0.008))
         if rank == sleeper and i == K // 3:
             time.sleep(1.0)  # sleeps through many rounds of the others
-        res = ops.partial_allreduce(tf.constant(onehot(rank, i, size)), mode=mode, name=name, seed=SEED)
+        res = ops_partial.partial_allreduce(tf.constant(onehot(rank, i, size)), mode=mode, name=name, seed=SEED)
         records.append(dict(rank=rank, call=i, round=int(res.round), avg=res.tensors.numpy(), nap=int(res.nap),
                             contributors=res.contributors.numpy().tolist(), included=bool(res.included),
                             initiator=int(res.initiator), staleness=int(res.staleness), active=int(res.active)))
@@ -74,7 +76,7 @@ def call_loop(ops, mode, name, sleeper):
     barrier()
     if rank == 0:
         for _ in range(10):
-            res = ops.partial_allreduce(tf.constant(onehot(0, -1, size)), mode=mode, name=name, seed=SEED)
+            res = ops_partial.partial_allreduce(tf.constant(onehot(0, -1, size)), mode=mode, name=name, seed=SEED)
             records.append(dict(rank=0, call=-1, round=int(res.round), avg=res.tensors.numpy(), nap=int(res.nap),
                                 contributors=res.contributors.numpy().tolist(), included=bool(res.included),
                                 initiator=int(res.initiator), staleness=int(res.staleness),
@@ -113,7 +115,7 @@ def check_rounds(ops, mode, name, records, sleeper):
         assert rec["active"] == sum(1 for f in rec["contributors"] if f == 2) >= 1, (mode, r, rec)
         seen += members
         if mode == "majority":
-            want = ops.majority_initiator(SEED, name, r, size)
+            want = ops_partial.majority_initiator(SEED, name, r, size)
             assert rec["initiator"] == want == engine_majority_initiator(SEED, name, r, size), (r, rec, want)
             if r <= last_call_round[want]:  # still calling (not away): only its call can have started the round
                 assert rec["contributors"][want] == 2, (r, "majority round not started by its initiator's call", rec)
@@ -154,14 +156,14 @@ def check_accumulate(ops):
     total, rounds = np.zeros(size * K + 1), 0
     for i in range(K):
         time.sleep(rng.uniform(0, 0.008) + (0.03 if rank == size - 1 and i % 5 == 0 else 0))
-        res = ops.partial_allreduce(tf.constant(onehot(rank, i, size)), name="acc", late="accumulate")
+        res = ops_partial.partial_allreduce(tf.constant(onehot(rank, i, size)), name="acc", late="accumulate")
         total += res.tensors.numpy()
         rounds += int(res.rounds)
     ops.set_availability(ops.AWAY)
     barrier()
     if rank == 0:
         for _ in range(10):
-            res = ops.partial_allreduce(tf.constant(onehot(0, -1, size)), name="acc", late="accumulate")
+            res = ops_partial.partial_allreduce(tf.constant(onehot(0, -1, size)), name="acc", late="accumulate")
             total += res.tensors.numpy()
             rounds += int(res.rounds)
             if res.included:
@@ -183,7 +185,7 @@ def check_persistent(ops):
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * 4096 / 2 ** 20
 
-    fn = tf.function(lambda x: ops.partial_allreduce(x, mode="solo", name="many").tensors)
+    fn = tf.function(lambda x: ops_partial.partial_allreduce(x, mode="solo", name="many").tensors)
     x = tf.ones([256])
     n = 600 if QUICK else 1500
     for _ in range(n):
@@ -208,7 +210,7 @@ def check_persistent(ops):
 def check_fp16(ops):
     """compression='fp16': data travels as half; a round's result is the mean of its contributors' values."""
     rank, size = hvd.rank(), hvd.size()
-    res = ops.partial_allreduce(tf.fill([1000], 0.25 * (rank + 1)), name="half", compression="fp16")
+    res = ops_partial.partial_allreduce(tf.fill([1000], 0.25 * (rank + 1)), name="half", compression="fp16")
     flags = res.contributors.numpy()
     want = sum(0.25 * (k + 1) for k in range(size) if flags[k]) / int(res.nap)
     assert np.allclose(res.tensors.numpy(), want, rtol=1e-3), (res.tensors.numpy()[:3], want, flags)
@@ -227,7 +229,7 @@ def check_mismatch(ops):
     messages = []
     for _ in range(50):
         try:
-            ops.partial_allreduce(tf.zeros(shape, tf.float64), name="bad")
+            ops_partial.partial_allreduce(tf.zeros(shape, tf.float64), name="bad")
         except tf.errors.InvalidArgumentError as e:
             messages.append(e.message)
             break
@@ -241,9 +243,9 @@ def check_mismatch(ops):
     assert len(set(hvd.allgather_object(messages[0]))) == 1, messages[0]  # the same words everywhere
     # the schedule stays failed; the rest of the engine is fine
     expect_error(tf.errors.InvalidArgumentError,
-                 lambda: ops.partial_allreduce(tf.zeros(shape, tf.float64), name="bad"), "disagree")
-    expect_error(TypeError, lambda: ops.partial_allreduce(tf.zeros([2], tf.int32)), "float32 or float64")
-    expect_error(ValueError, lambda: ops.partial_allreduce(tf.zeros([2]), mode="quorum"), "solo", "majority")
+                 lambda: ops_partial.partial_allreduce(tf.zeros(shape, tf.float64), name="bad"), "disagree")
+    expect_error(TypeError, lambda: ops_partial.partial_allreduce(tf.zeros([2], tf.int32)), "float32 or float64")
+    expect_error(ValueError, lambda: ops_partial.partial_allreduce(tf.zeros([2]), mode="quorum"), "solo", "majority")
     assert ops.engine_stats()["failed"] == 0
 
 
@@ -257,7 +259,7 @@ def check_dead(ops):
     if rank != dead:
         t0 = time.time()
         expect_error(tf.errors.UnavailableError,
-                     lambda: ops.partial_allreduce(tf.ones([8]), name="after_death", timeout=3.0),
+                     lambda: ops_partial.partial_allreduce(tf.ones([8]), name="after_death", timeout=3.0),
                      f"rank {dead} sent nothing")
         took = time.time() - t0
         # timing property: the call's own 3 s timeout plus the time to report the failure; size + 2 s more is the

@@ -3,7 +3,7 @@
     average on every rank, rank 0 coordinating;
   - a rank that is away (here: inside a Horovod barrier, marked AWAY as hetsync/training/ marks it) is not waited for: the
     others' rounds run with it passive (NAP 3) -- if they waited, the barrier it sits in would never complete;
-  - ops.partial_discard: with late="accumulate", the rounds a rank missed while away are dropped: its next call
+  - ops_partial.partial_discard: with late="accumulate", the rounds a rank missed while away are dropped: its next call
     returns none of them.
 """
 import time
@@ -12,6 +12,8 @@ from engine_util import barrier, hvd, run, start
 
 import numpy as np
 import tensorflow as tf
+
+from hetsync import ops_partial
 
 K = 20
 
@@ -28,7 +30,7 @@ def main():
     rng = np.random.default_rng(rank)
     for i in range(K):
         time.sleep(rng.uniform(0, 0.01) * (5 if rank == 1 else 1))
-        res = ops.partial_allreduce(tf.constant(onehot(rank, i, size)), mode="all", name="all-a")
+        res = ops_partial.partial_allreduce(tf.constant(onehot(rank, i, size)), mode="all", name="all-a")
         want = sum(onehot(r, i, size) for r in range(size)) / size
         assert bool(res.included) and int(res.nap) == size and int(res.active) == size, res
         assert int(res.round) == i and int(res.initiator) == 0, (int(res.round), int(res.initiator))
@@ -40,7 +42,7 @@ def main():
         barrier()
     else:
         for i in range(5):
-            res = ops.partial_allreduce(tf.constant(onehot(rank, i, size)), mode="all", name="all-b")
+            res = ops_partial.partial_allreduce(tf.constant(onehot(rank, i, size)), mode="all", name="all-b")
             assert int(res.nap) == size - 1 and res.contributors.numpy().tolist()[3] == 0, res
             want = sum(onehot(r, i, size) for r in range(size - 1)) / (size - 1)
             np.testing.assert_allclose(res.tensors.numpy(), want, err_msg=f"rank {rank} away-phase call {i}")
@@ -54,14 +56,14 @@ def main():
         barrier()
         while ops.engine_stats()["partial_rounds"] < K + 5 + 3:  # its engine ran the 3 rounds passively
             time.sleep(0.01)
-        ops.partial_discard("all-c")
+        ops_partial.partial_discard("all-c")
     else:
         for i in range(3):
-            ops.partial_allreduce(tf.constant(onehot(rank, i, size)), mode="all", name="all-c", late="accumulate")
+            ops_partial.partial_allreduce(tf.constant(onehot(rank, i, size)), mode="all", name="all-c", late="accumulate")
         ops.set_availability(ops.AWAY)
         barrier()
     ops.set_availability(ops.IN_STEP)
-    res = ops.partial_allreduce(tf.constant(onehot(rank, 10, size)), mode="all", name="all-c", late="accumulate")
+    res = ops_partial.partial_allreduce(tf.constant(onehot(rank, 10, size)), mode="all", name="all-c", late="accumulate")
     if rank == 3:  # nothing of the 3 rounds it dropped (without the discard: 0.25 at each of those deposits)
         got = res.tensors.numpy()
         missed = [got[r * K + i] for r in range(3) for i in range(3)]
