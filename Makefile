@@ -11,7 +11,7 @@ export OMPI_MCA_btl_vader_single_copy_mechanism := none
 export TF_CPP_MIN_LOG_LEVEL := 2
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install build test test-full test-cluster demo bench bench-cluster clean
+.PHONY: install build test test-full test-cluster demo bench bench-quota bench-cluster clean
 
 install:
 	bash scripts/install.sh
@@ -36,8 +36,15 @@ test-cluster: install
 demo: install
 	$(PY) examples/benchmark.py --preset demo --out results/demo
 
-bench: install
+# `make bench`: real heterogeneity first -- every scenario of benchmarks/run.py (per-rank CPU quotas, root), every
+# mode against plain Horovod, 3 runs each, stored under benchmarks/results/<date>/ and turned into the README's
+# tables -- then the sleep-emulated Ripples grid.  `make bench-quota` is the first part alone.
+bench: bench-quota
 	$(PY) examples/benchmark.py --preset full --out results/bench
+
+bench-quota: install
+	$(PY) benchmarks/run.py --scenarios slow-node,speeds-1-2-3-5,shared-node,transient,homogeneous,8-workers
+	$(PY) benchmarks/tables.py
 
 # The README's "Across hosts" tables: every part of examples/bench_cluster.py on the emulated cluster (root).
 bench-cluster: install

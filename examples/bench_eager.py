@@ -14,8 +14,9 @@
    eager-majority vs allreduce: time until the mean over workers of their local models' test accuracy reaches the
    target, and the final accuracy of the averaged model.
 Every step of every worker also sleeps a fixed emulated compute time (a GPU's step, which 2 cores do not have); the
-real forward/backward still runs.  Throughput and time to target count from each job's evaluation after step
-``--eval-every`` (steady state: the one-time start-up, e.g. Horovod's first negotiations, is left out).  Writes ``--out``/results.md, results.json and eager.png; prints a line per run.
+real forward/backward still runs.  Time to target counts from each job's first evaluation, at fit's
+on_train_begin (the same instant for every mode); throughput from the evaluation after step ``--eval-every`` (steady
+state: the one-time start-up, e.g. Horovod's first negotiations, is left out).  Writes ``--out``/results.md, results.json and eager.png; prints a line per run.
 """
 import argparse
 import csv
@@ -132,10 +133,10 @@ def first_time(curve, reached):
 
 
 def warm(curves, args):
-    """Mean wall time of the evaluation after step ``eval_every``: the start of the steady state.  Before it, each
-    job pays its one-time start-up (graph tracing; Horovod's first negotiations take 10-14 s for 8 processes on 2
-    cores), which says nothing about the sync method, so throughput and time to target are counted from here."""
-    times = [next(row[0] for row in rows if row[3] >= args.eval_every) for rows in curves.values()]
+    """Mean wall time of the workers' first evaluation, at fit's on_train_begin: where time to target counts from,
+    the same instant for every mode.  (It counted from the evaluation after Keras step ``eval_every`` before, which
+    flattered ESync: ten ESync rounds hold several times the training of ten allreduce steps.)"""
+    times = [rows[0][0] for rows in curves.values()]
     return sum(times) / len(times)
 
 

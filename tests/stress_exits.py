@@ -52,6 +52,7 @@ def main(argv=None):
     parser.add_argument("--np", type=int, default=2)
     parser.add_argument("--modes", default="", help="comma-separated modes (default: every registered mode)")
     parser.add_argument("--fail", type=int, default=None, help="this rank raises in epoch 2 of each job")
+    parser.add_argument("--keep", default=None, help="write each failed job's whole output into this directory")
     args = parser.parse_args(argv)
     modes = args.modes.split(",") if args.modes else available_modes()
     began, failures = time.monotonic(), []
@@ -60,6 +61,10 @@ def main(argv=None):
         ok, seconds, text = run_job(mode, args.np, fail=args.fail)
         if not ok:
             failures.append((mode, text[-6000:]))
+            if args.keep:
+                os.makedirs(args.keep, exist_ok=True)
+                with open(os.path.join(args.keep, f"job{i + 1}-{mode}.txt"), "w") as f:
+                    f.write(text)
         elapsed = time.monotonic() - began
         eta = elapsed / (i + 1) * (args.jobs - i - 1)
         print(f"[{i + 1}/{args.jobs}] {mode}: {'ok' if ok else 'FAILED'} in {seconds:.1f} s (ETA {eta:.0f} s)",

@@ -6,6 +6,7 @@
                                   traceback, and no process may die of a signal of its own (segfault).
 The model is built lazily; Horovod's callbacks are in the list, as in Horovod's Keras example.
 """
+import faulthandler
 import os
 import sys
 import time
@@ -37,6 +38,7 @@ class Bug(tf.keras.callbacks.Callback):
 
 
 def main():
+    faulthandler.enable(all_threads=True)  # a rank dying of a signal (an abort at exit) prints every thread's stack
     mode = sys.argv[1]
     fail = int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[2] == "fail" else None
     hvd.init()

@@ -1,0 +1,156 @@
+"""The benchmark's training script: Horovod's Keras example as a user runs it, with the optimizer line as the only
+difference between plain Horovod and hetsync.
+
+    horovodrun -np 4 -H localhost:4 python benchmarks/keras_example.py --sync horovod   # plain Horovod: hetsync
+                                                                                         # is not even imported
+    horovodrun -np 4 -H localhost:4 python benchmarks/keras_example.py --sync esync     # one line changed
+
+The shape of Horovod's ``tensorflow2_keras_mnist.py``: Adam with the learning rate scaled by the number of workers,
+``BroadcastGlobalVariablesCallback(0)``, ``MetricAverageCallback()``, ``LearningRateWarmupCallback``, real epochs of
+``--steps`` train steps per rank, and a user's own ``hvd.allreduce`` every ``--allreduce-every`` batches.  The data
+is scikit-learn's bundled 8x8 digits (nothing is downloaded) for a small CNN; every step is real compute, nothing is
+emulated: a slow rank is slow because of its CPU quota (benchmarks/quota.py), not a sleep.
+
+Clocks (each rank's own ``time.monotonic``; nothing is compared across ranks): ``train_s`` runs from fit's
+``on_train_begin`` to its ``on_train_end`` (``fit`` itself may return much later: tf.data's autotuning can hold a
+rank at the end of fit), the same instant for every mode.  Rank 0 evaluates its own model on the held-out set every
+``--eval-every`` of its batches and at the end; ``curve`` holds (seconds since on_train_begin, accuracy, loss), so
+the time to a target accuracy is read off it.  Each rank writes ``rank<R>.json`` under ``--out``.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import horovod.tensorflow.keras as hvd  # noqa: E402
+
+from common import digit_images  # noqa: E402  (examples/common.py: the digits without importing scikit-learn)
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sync", default="horovod", help="'horovod' (plain hvd.DistributedOptimizer) or a hetsync mode")
+    p.add_argument("--sync-options", default="{}", help="the hetsync mode's options, as JSON")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--steps", type=int, default=50, help="train steps per rank per epoch (Keras steps_per_epoch)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=0.001, help="Adam's learning rate per worker (scaled by size)")
+    p.add_argument("--allreduce-every", type=int, default=7, help="a user's hvd.allreduce every N batches (0: none)")
+    p.add_argument("--eval-every", type=int, default=10, help="rank 0 evaluates its model every N of its batches")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="directory for rank<R>.json")
+    return p.parse_args(argv)
+
+
+def data(seed):
+    x, y = digit_images()
+    order = np.random.default_rng(seed).permutation(len(x))
+    x, y = x[order], y[order]
+    cut = int(0.8 * len(x))
+    return x[:cut], y[:cut], x[cut:], y[cut:]
+
+
+def build_model():
+    """Horovod's example CNN, sized for 8x8 images; built lazily, as there."""
+    return tf.keras.Sequential([
+        tf.keras.layers.Conv2D(32, 3, activation="relu", padding="same"),
+        tf.keras.layers.Conv2D(64, 3, activation="relu"),
+        tf.keras.layers.MaxPooling2D(),
+        tf.keras.layers.Dropout(0.25),
+        tf.keras.layers.Flatten(),
+        tf.keras.layers.Dense(128, activation="relu"),
+        tf.keras.layers.Dropout(0.5),
+        tf.keras.layers.Dense(10),
+    ])
+
+
+class UserAllreduce(tf.keras.callbacks.Callback):
+    """A user's own global collective between steps: the batch loss averaged with Horovod every N batches."""
+
+    def __init__(self, every):
+        super().__init__()
+        self.every, self.count = every, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.count += 1
+        if self.every and self.count % self.every == 0:
+            hvd.allreduce(tf.constant(float((logs or {}).get("loss", 0.0))), name=f"user.loss.{self.count}")
+
+
+class Clock(tf.keras.callbacks.Callback):
+    """This rank's training clock and train steps; on rank 0 also the accuracy curve of its own model."""
+
+    def __init__(self, x_test, y_test, eval_every, evaluate):
+        super().__init__()
+        self.x_test, self.y_test, self.eval_every, self.evaluate = x_test, y_test, eval_every, evaluate
+        self.t0 = self.train_s = None
+        self.batches, self.curve = 0, []
+
+    def on_train_begin(self, logs=None):
+        self.t0 = time.monotonic()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches += 1
+        if self.evaluate and self.batches % self.eval_every == 0:
+            self.point()
+
+    def on_train_end(self, logs=None):
+        self.train_s = time.monotonic() - self.t0
+        if self.evaluate:
+            self.point()
+
+    def point(self):
+        at = time.monotonic() - self.t0
+        logits = self.model(self.x_test, training=False)
+        loss = tf.keras.losses.sparse_categorical_crossentropy(self.y_test, logits, from_logits=True)
+        accuracy = float(np.mean(np.argmax(logits.numpy(), axis=1) == self.y_test))
+        self.curve.append((round(at, 3), round(accuracy, 4), round(float(tf.reduce_mean(loss)), 4)))
+
+
+def main(argv=None):
+    args = parse(argv)
+    plain = args.sync == "horovod"
+    hvd.init()
+    if not plain:
+        import hetsync  # deferred: plain Horovod's run must not import hetsync at all
+        import hetsync.keras  # deferred: likewise
+
+        hetsync.init()
+    rank, size = hvd.rank(), hvd.size()
+    tf.keras.utils.set_random_seed(args.seed + rank)
+    x, y, x_test, y_test = data(args.seed)
+    dataset = (tf.data.Dataset.from_tensor_slices((x[rank::size], y[rank::size])).repeat()
+               .shuffle(1000, seed=args.seed + rank).batch(args.batch_size))
+    model = build_model()
+    opt = tf.keras.optimizers.Adam(args.lr * size)
+    if plain:
+        opt = hvd.DistributedOptimizer(opt)
+    else:
+        opt = hetsync.DistributedOptimizer(opt, sync=args.sync, **json.loads(args.sync_options))
+    model.compile(optimizer=opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    clock = Clock(x_test, y_test, args.eval_every, evaluate=rank == 0)
+    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback(),
+                 hvd.callbacks.LearningRateWarmupCallback(initial_lr=args.lr * size, warmup_epochs=1, verbose=0),
+                 UserAllreduce(args.allreduce_every), clock]
+    fit = model.fit if plain else (lambda *a, **k: hetsync.keras.fit(model, *a, **k))
+    began = time.monotonic()
+    fit(dataset, steps_per_epoch=args.steps, epochs=args.epochs, callbacks=callbacks, verbose=0)
+    fit_s = time.monotonic() - began
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+        json.dump({"rank": rank, "size": size, "sync": args.sync, "train_s": clock.train_s, "fit_s": fit_s,
+                   "batches": clock.batches, "curve": clock.curve}, f)
+    print(f"rank {rank}: {args.sync} train {clock.train_s:.1f} s, fit {fit_s:.1f} s, {clock.batches} batches"
+          + (f", final accuracy {clock.curve[-1][1]:.3f}" if clock.curve else ""), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""The benchmark: every mode against plain Horovod on real heterogeneity (per-rank CPU quotas), stored raw.
+
+    sudo python benchmarks/run.py                           # the headline scenario, every mode, 3 runs each
+    python benchmarks/run.py --scenarios slow-node,homogeneous --modes horovod,allreduce,esync --repeats 3
+
+Each run launches ``horovodrun --mpi -np N benchmarks/in_cgroup.sh python benchmarks/keras_example.py --sync M``:
+each rank in its own cgroup whose CPU quota makes it the node the scenario says (benchmarks/quota.py), the real
+model, nothing emulated.  ``horovod`` is plain ``hvd.DistributedOptimizer`` with no hetsync import; ``allreduce``
+is hetsync's synchronous mode, so its overhead is a row of its own.  The modes of one repeat run one after another
+before the next repeat begins, so a drift of the machine spreads over all of them.
+
+One JSON per run goes to ``--out`` (default ``benchmarks/results/<date>/``): the scenario, mode, repeat, commit,
+command, machine, quotas (and the quota changes as applied), the job's wall time (launch to exit, the driver's
+clock) and every rank's own record (training time from fit's on_train_begin to on_train_end, fit's return, train
+steps, rank 0's accuracy curve).  benchmarks/tables.py makes the README's tables from them.  Prints [i/N] and an ETA.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+
+from common import Progress, run_streamed  # noqa: E402
+from quota import Quotas, Schedule  # noqa: E402
+
+FAST, SLOW = 0.45, 0.09  # of one core: a slow node 5x slower than a fast one
+
+
+def _transient(ranks, seconds=400, every=8.0, lasting=4.0, seed=0):
+    """Random transient slowdowns: every ``every`` s one rank drawn at random (seeded) runs at SLOW for ``lasting``
+    s, then back at FAST."""
+    rng, changes, at = random.Random(seed), [], every
+    while at < seconds:
+        r = rng.randrange(ranks)
+        changes += [(at, r, SLOW), (at + lasting, r, FAST)]
+        at += every
+    return changes
+
+
+SCENARIOS = {
+    "slow-node": dict(quotas=[FAST, FAST, FAST, SLOW], what="one slow node: rank 3 has a fifth of the others' CPU"),
+    "speeds-1-2-3-5": dict(quotas=[FAST, FAST / 2, FAST / 3, FAST / 5], what="speeds 1 : 1/2 : 1/3 : 1/5"),
+    "shared-node": dict(quotas=[FAST] * 4, changes=[(30.0, 3, SLOW), (60.0, 3, FAST)],
+                        what="rank 3's node is shared from 30 s to 60 s after launch (a fifth of its CPU)"),
+    "transient": dict(quotas=[FAST] * 4, changes=_transient(4),
+                      what="every 8 s a random rank runs at a fifth of its CPU for 4 s"),
+    "homogeneous": dict(quotas=[FAST] * 4, what="four equal ranks"),
+    "8-workers": dict(quotas=[FAST / 2] * 7 + [SLOW / 2], what="8 ranks, one 5x slower"),
+}
+MODES = ["horovod", "allreduce", "balanced", "ripples-smart", "eager-solo", "hop", "esync", "od-sgd"]
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMPI_MCA_mpi_yield_when_idle": "1",
+           "OMPI_MCA_btl_vader_single_copy_mechanism": "none", "TF_CPP_MIN_LOG_LEVEL": "2",
+           "TF_NUM_INTEROP_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def machine():
+    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+                 platform.processor())
+    return {"host": platform.node(), "cpus": os.cpu_count(), "cpu": model, "kernel": platform.release(),
+            "python": platform.python_version()}
+
+
+def commit():
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True).stdout
+        return rev.strip() + ("+changes" if dirty.strip() else "")
+    except OSError:
+        return "unknown"
+
+
+def run_one(scenario, mode, repeat, args, quotas, out):
+    spec = SCENARIOS[scenario]
+    n = len(spec["quotas"])
+    work = tempfile.mkdtemp(prefix="hetsync-bench-")
+    cmd = ["horovodrun", "--mpi", "-np", str(n), "-H", f"localhost:{n}", "sh", os.path.join(HERE, "in_cgroup.sh"),
+           sys.executable, os.path.join(HERE, "keras_example.py"), "--sync", mode, "--epochs", str(args.epochs),
+           "--steps", str(args.steps), "--out", work]
+    env = dict(os.environ, **MPI_ENV, HETSYNC_BENCH_CGROUP=quotas.path,
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    quotas.set(spec["quotas"])
+    schedule = Schedule(quotas, spec.get("changes", []))
+    began = time.monotonic()
+    schedule.start()
+    try:
+        proc = run_streamed(cmd, env=env, cwd=ROOT, timeout=args.job_timeout)
+    finally:
+        schedule.stop()
+    wall = time.monotonic() - began
+    ranks = []
+    for r in range(n):
+        path = os.path.join(work, f"rank{r}.json")
+        ranks.append(json.load(open(path)) if os.path.exists(path) else None)
+    shutil.rmtree(work, ignore_errors=True)
+    record = {"scenario": scenario, "what": spec["what"], "mode": mode, "repeat": repeat, "commit": commit(),
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "command": " ".join(cmd), "machine": machine(), "quotas": spec["quotas"],
+              "quota_changes": schedule.applied, "returncode": proc.returncode, "job_wall_s": round(wall, 2),
+              "ranks": ranks}
+    if proc.returncode != 0 or None in ranks:
+        record["output_tail"] = proc.stdout[-4000:]
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"{scenario}--{mode}--{repeat}.json"), "w") as f:
+        json.dump(record, f, indent=1)
+    return record
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--scenarios", default="slow-node", help=f"comma list of {', '.join(SCENARIOS)}")
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--job-timeout", type=float, default=900)
+    p.add_argument("--out", default=os.path.join(HERE, "results", datetime.date.today().isoformat()))
+    args = p.parse_args(argv)
+    scenarios, modes = args.scenarios.split(","), args.modes.split(",")
+    unknown = [s for s in scenarios if s not in SCENARIOS]
+    if unknown:
+        p.error(f"unknown scenario(s) {unknown}; known: {', '.join(SCENARIOS)}")
+    jobs = [(s, m, k) for s in scenarios for k in range(1, args.repeats + 1) for m in modes]
+    progress = Progress(len(jobs), estimate_s=90)
+    for scenario in scenarios:
+        quotas = Quotas(len(SCENARIOS[scenario]["quotas"]))
+        try:
+            for s, mode, repeat in [j for j in jobs if j[0] == scenario]:
+                progress.begin(f"{s} {mode} run {repeat}")
+                rec = run_one(s, mode, repeat, args, quotas, args.out)
+                r0 = rec["ranks"][0] or {}
+                progress.end(f"{s} {mode} run {repeat}: exit {rec['returncode']}, rank 0 trained "
+                             f"{r0.get('train_s') or float('nan'):.1f} s, job {rec['job_wall_s']:.0f} s")
+        finally:
+            quotas.remove()
+    print(f"results: {args.out} (benchmarks/tables.py makes the tables)")
+
+
+if __name__ == "__main__":
+    main()

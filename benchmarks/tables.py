@@ -1,0 +1,139 @@
+"""The README's benchmark tables, generated from the stored runs (benchmarks/results/<date>/*.json, benchmarks/run.py).
+
+    python benchmarks/tables.py            # rewrites every generated block in README.md and docs/benchmarks.md
+    python benchmarks/tables.py --check    # exit 1 if a block differs from what the stored runs give
+
+A generated block sits between ``<!-- bench: SCENARIO -->`` and ``<!-- /bench -->``; nothing between the markers
+is written by hand.  Per mode, over the scenario's repeats: rank 0's training time (fit's on_train_begin to
+on_train_end) as median and range; the speedup against plain Horovod, per repeat (the modes of one repeat ran one
+after another) and then its median and range; the time until rank 0's model first reached the target accuracy on
+the held-out set (its curve is sampled every 10 of its batches), with the same speedup; the final accuracy; the
+job's wall time (launch to exit, the driver's clock: a teardown stall shows there, not in training).
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+TARGET = 0.9  # held-out accuracy of "time to target"
+PAGES = [os.path.join(ROOT, "README.md"), os.path.join(ROOT, "docs", "benchmarks.md")]
+BLOCK = re.compile(r"(<!-- bench: (?P<scenario>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- /bench -->)", re.S)
+BASELINE = "horovod"
+
+
+def load(results=os.path.join(HERE, "results")):
+    """Every stored run, newest date folder last: {scenario: {mode: {repeat: record}}} (a later date's run of the same
+    scenario, mode and repeat replaces an earlier one)."""
+    runs = {}
+    for path in sorted(glob.glob(os.path.join(results, "*", "*.json"))):
+        rec = json.load(open(path))
+        runs.setdefault(rec["scenario"], {}).setdefault(rec["mode"], {})[rec["repeat"]] = rec
+    return runs
+
+
+def time_to(curve, target):
+    """Seconds since on_train_begin of the first point whose accuracy is at least ``target`` (None: never)."""
+    return next((t for t, accuracy, _ in curve if accuracy >= target), None)
+
+
+def ok(rec):
+    return rec["returncode"] == 0 and rec["ranks"] and all(rec["ranks"]) and rec["ranks"][0]["curve"]
+
+
+def _spread(values, fmt):
+    """``median (min-max)`` of the values, or ``--`` when there are none."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return "--"
+    med = statistics.median(values)
+    if len(values) == 1:
+        return fmt.format(med)
+    return f"{fmt.format(med)} ({fmt.format(min(values))}-{fmt.format(max(values))})"
+
+
+def summary(modes, target=TARGET):
+    """Per mode: the columns' values, each a list over the repeats that both it and the baseline completed."""
+    base = modes.get(BASELINE, {})
+    rows = {}
+    for mode, repeats in modes.items():
+        done = {k: r for k, r in repeats.items() if ok(r)}
+        row = {"runs": len(done), "failed": len(repeats) - len(done), "train": [], "speedup": [], "ttt": [],
+               "ttt_speedup": [], "accuracy": [], "wall": []}
+        for k, rec in sorted(done.items()):
+            r0 = rec["ranks"][0]
+            row["train"].append(r0["train_s"])
+            row["accuracy"].append(r0["curve"][-1][1])
+            row["wall"].append(rec["job_wall_s"])
+            ttt = time_to(r0["curve"], target)
+            row["ttt"].append(ttt)
+            if k in base and ok(base[k]):
+                b0 = base[k]["ranks"][0]
+                row["speedup"].append(b0["train_s"] / r0["train_s"])
+                b_ttt = time_to(b0["curve"], target)
+                row["ttt_speedup"].append(b_ttt / ttt if b_ttt and ttt else None)
+        rows[mode] = row
+    return rows
+
+
+def table(scenario, modes, target=TARGET):
+    rows = summary(modes, target)
+    order = [BASELINE] + sorted(m for m in rows if m != BASELINE)
+    some = next(iter(next(iter(modes.values())).values()))
+    pct = int(round(target * 100))
+    lines = [f"Scenario `{scenario}`: {some['what']}; quotas {some['quotas']} of a core per rank; "
+             f"{max(r['runs'] for r in rows.values())} runs per mode, commit {some['commit']}, "
+             f"{some['machine']['cpus']} CPUs ({some['machine']['cpu']}).  Median (range).",
+             "",
+             f"| mode | training s | vs Horovod | time to {pct}% accuracy, s | vs Horovod | final accuracy | job s |",
+             "|---|---|---|---|---|---|---|"]
+    for mode in order:
+        if mode not in rows:
+            continue
+        r = rows[mode]
+        name = "plain Horovod" if mode == BASELINE else f"`{mode}`"
+        if r["failed"]:
+            name += f" ({r['failed']} failed)"
+        lines.append(f"| {name} | {_spread(r['train'], '{:.1f}')} | {_spread(r['speedup'], '{:.2f}x')} | "
+                     f"{_spread(r['ttt'], '{:.1f}')} | {_spread(r['ttt_speedup'], '{:.2f}x')} | "
+                     f"{_spread(r['accuracy'], '{:.3f}')} | {_spread(r['wall'], '{:.0f}')} |")
+    return "\n".join(lines) + "\n"
+
+
+def render(text, runs):
+    """``text`` with every generated block rewritten from ``runs``; a block whose scenario has no stored run says so."""
+    def block(m):
+        scenario = m.group("scenario")
+        body = table(scenario, runs[scenario]) if scenario in runs else f"No stored run of `{scenario}` yet.\n"
+        return m.group(1) + body + m.group(4)
+
+    return BLOCK.sub(block, text)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--check", action="store_true", help="exit 1 if a generated block differs from the stored runs")
+    args = p.parse_args(argv)
+    runs, stale = load(), []
+    for page in PAGES:
+        if not os.path.exists(page):
+            continue
+        text = open(page).read()
+        new = render(text, runs)
+        if new != text:
+            stale.append(os.path.relpath(page, ROOT))
+            if not args.check:
+                open(page, "w").write(new)
+    if args.check and stale:
+        print(f"generated benchmark tables out of date in {', '.join(stale)}: run python benchmarks/tables.py")
+        return 1
+    print("benchmark tables " + ("up to date" if args.check else f"written ({', '.join(stale) or 'no change'})"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""The README's benchmark tables are generated from the stored runs (benchmarks/tables.py, benchmarks/results/), and
+the tables read the runs as their page says: speedups per repeat against plain Horovod of the same repeat."""
+import json
+import os
+import subprocess
+import sys
+
+from conftest import ROOT
+
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import tables  # noqa: E402
+
+
+def test_every_generated_table_matches_the_stored_runs():
+    """A number typed into a generated block, or a stored run changed without regenerating, fails here."""
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "tables.py"), "--check"], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    assert "<!-- bench: slow-node -->" in readme, "the README's headline is the CPU-quota slow-node table"
+
+
+def _record(mode, repeat, train_s, curve, returncode=0):
+    rank0 = {"rank": 0, "train_s": train_s, "curve": curve}
+    return {"scenario": "s", "what": "test", "mode": mode, "repeat": repeat, "commit": "c", "quotas": [1, 1],
+            "machine": {"cpus": 2, "cpu": "x"}, "returncode": returncode, "job_wall_s": train_s + 10,
+            "ranks": [rank0, {"rank": 1}]}
+
+
+def test_speedups_pair_each_repeat_with_horovods_and_failed_runs_are_named(tmp_path):
+    """Repeat k of a mode is compared with repeat k of plain Horovod (they ran back to back), not median with
+    median; time to target is the first curve point at the target accuracy; a failed run counts in no column and
+    is named."""
+    day = tmp_path / "2026-01-01"
+    day.mkdir()
+    runs = [_record("horovod", 1, 100.0, [(50.0, 0.5, 1.0), (90.0, 0.92, 0.3)]),
+            _record("horovod", 2, 60.0, [(30.0, 0.91, 0.3)]),
+            _record("esync", 1, 50.0, [(20.0, 0.95, 0.2)]),
+            _record("esync", 2, 40.0, [(12.0, 0.93, 0.2)]),
+            _record("esync", 3, 1.0, [(1.0, 0.99, 0.1)], returncode=1)]
+    for rec in runs:
+        (day / f"{rec['mode']}-{rec['repeat']}.json").write_text(json.dumps(rec))
+    loaded = tables.load(str(tmp_path))
+    rows = tables.summary(loaded["s"], target=0.9)
+    assert rows["esync"]["speedup"] == [2.0, 1.5]          # 100/50 and 60/40; medians would give 80/45
+    assert rows["esync"]["ttt"] == [20.0, 12.0]
+    assert rows["esync"]["ttt_speedup"] == [4.5, 2.5]      # 90/20 and 30/12
+    assert rows["esync"]["runs"] == 2 and rows["esync"]["failed"] == 1
+    text = tables.table("s", loaded["s"], target=0.9)
+    assert "| `esync` (1 failed) | 45.0 (40.0-50.0) | 1.75x (1.50x-2.00x) |" in text, text
