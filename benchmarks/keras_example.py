@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import horovod.tensorflow.keras as hvd  # noqa: E402
 
-from common import digit_images  # noqa: E402  (examples/common.py: the digits without importing scikit-learn)
+from common import digit_images_split  # noqa: E402  (examples/common.py: the digits, without scikit-learn)
 
 
 def parse(argv=None):
@@ -47,14 +47,6 @@ def parse(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="directory for rank<R>.json")
     return p.parse_args(argv)
-
-
-def data(seed):
-    x, y = digit_images()
-    order = np.random.default_rng(seed).permutation(len(x))
-    x, y = x[order], y[order]
-    cut = int(0.8 * len(x))
-    return x[:cut], y[:cut], x[cut:], y[cut:]
 
 
 def build_model():
@@ -125,7 +117,7 @@ def main(argv=None):
         hetsync.init()
     rank, size = hvd.rank(), hvd.size()
     tf.keras.utils.set_random_seed(args.seed + rank)
-    x, y, x_test, y_test = data(args.seed)
+    x, y, x_test, y_test = digit_images_split(args.seed)
     dataset = (tf.data.Dataset.from_tensor_slices((x[rank::size], y[rank::size])).repeat()
                .shuffle(1000, seed=args.seed + rank).batch(args.batch_size))
     model = build_model()

@@ -40,6 +40,15 @@ def digit_images():
     return (images / 16.0).astype("float32")[..., None], target
 
 
+def digit_images_split(seed=0):
+    """The digits as images, shuffled with ``seed`` and cut 80/20: (x_train, y_train, x_test, y_test)."""
+    x, y = digit_images()
+    order = np.random.default_rng(seed).permutation(len(x))
+    x, y = x[order], y[order]
+    cut = int(0.8 * len(x))
+    return x[:cut], y[:cut], x[cut:], y[cut:]
+
+
 def digits(seed=0):
     """scikit-learn's bundled 8x8 digits: (x_train, y_train, x_test, y_test), features scaled to [0, 1]."""
     images, target = load_digits()

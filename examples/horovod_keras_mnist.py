@@ -41,7 +41,7 @@ import hetsync.keras  # noqa: E402
 import hetsync.training  # noqa: E402
 import hetsync.callbacks  # noqa: E402
 import hetsync.testing  # noqa: E402
-from common import digit_images, without_autotune  # noqa: E402  (examples/common.py, beside this script)
+from common import digit_images_split, without_autotune  # noqa: E402  (examples/common.py, beside this script)
 
 
 def parse(argv=None):
@@ -83,14 +83,6 @@ def parse(argv=None):
     p.add_argument("--stop-at-loss", type=float, default=None,
                    help="stop at the first epoch end whose validation loss is at most this (time to target)")
     return p.parse_args(argv)
-
-
-def digits_images(seed):
-    x, y = digit_images()  # scikit-learn's digits (examples/common.py reads them without importing sklearn)
-    order = np.random.default_rng(seed).permutation(len(x))
-    x, y = x[order], y[order]
-    cut = int(0.8 * len(x))
-    return x[:cut], y[:cut], x[cut:], y[cut:]
 
 
 def build_model():
@@ -237,7 +229,7 @@ def train(args):
     rank, size = hvd.rank(), hvd.size()
     tf.keras.utils.set_random_seed(args.seed + rank)  # different initial weights: the broadcast must align them
 
-    x, y, xt, yt = digits_images(args.seed)
+    x, y, xt, yt = digit_images_split(args.seed)
     steps = args.steps_per_epoch - (3 * rank if args.uneven else 0)  # uneven shards: shorter epochs on high ranks
     mine = slice(None) if args.data == "full" else slice(rank, None, size)
     dataset = (tf.data.Dataset.from_tensor_slices((x[mine], y[mine]))
