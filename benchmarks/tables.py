@@ -84,9 +84,10 @@ def table(scenario, modes, target=TARGET):
     rows = summary(modes, target)
     order = [BASELINE] + sorted(m for m in rows if m != BASELINE)
     some = next(iter(next(iter(modes.values())).values()))
+    commits = ", ".join(sorted({rec["commit"] for repeats in modes.values() for rec in repeats.values()}))
     pct = int(round(target * 100))
     lines = [f"Scenario `{scenario}`: {some['what']}; quotas {some['quotas']} of a core per rank; "
-             f"{max(r['runs'] for r in rows.values())} runs per mode, commit {some['commit']}, "
+             f"{max(r['runs'] for r in rows.values())} runs per mode, commits {commits}, "
              f"{some['machine']['cpus']} CPUs ({some['machine']['cpu']}).  Median (range).",
              "",
              f"| mode | training s | vs Horovod | time to {pct}% accuracy, s | vs Horovod | final accuracy | job s |",
