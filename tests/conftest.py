@@ -144,9 +144,9 @@ RANDOM_EXAMPLE = ["--steps", "80", "--slowdown", "random", "--factor", "4", "--b
 @pytest.fixture(scope="session")
 def keras_job(tmp_path_factory):
     """The 4-rank Keras scripts of test_keras_modes.py, test_balanced.py and test_switching.py in one job (they
-    neither kill nor hang a rank for good; ESync's, which hangs one for 12 s, runs last): the job's output, and the
-    directory with each run's files (a folder per run; sync="auto"'s log directory is ``auto-logs``).  One job
-    instead of two saves a start-up of four TensorFlow processes and their first traces."""
+    neither kill nor hang a rank for good; ESync's, which hangs one until the others have named it, runs last): the
+    job's output, and the directory with each run's files (a folder per run; sync="auto"'s log directory is
+    ``auto-logs``).  One job instead of two saves a start-up of four TensorFlow processes and their first traces."""
     base = tmp_path_factory.mktemp("keras_modes")
     runs = [
         ["balanced", "tests/mpi/balanced_job.py", base / "balanced"],  # first: its shares follow measured speeds
@@ -163,6 +163,6 @@ def keras_job(tmp_path_factory):
         ["hop", "tests/mpi/keras_hop.py", 0.9],
         ["switch-cycle", "tests/mpi/keras_switch.py", "all", "cycle"],
         ["conservation", "tests/mpi/switch_conservation.py"],
-        ["esync", "tests/mpi/keras_esync.py"],  # last: it ends with a rank hung for 12 s, named by the others
+        ["esync", "tests/mpi/keras_esync.py"],  # last: it ends with a rank hung until the others have named it
     ]
     return run_together(4, runs, timeout=1200), base

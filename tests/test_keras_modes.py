@@ -2,7 +2,7 @@
 
 The 4-rank scripts run one after another in one job (conftest's ``keras_job``: tests/mpi/together.py, each script as
 it would run alone; test_balanced.py's and test_switching.py's scripts among them); ESync's,
-which ends with a rank hung for 12 s that the others name, runs last.  OD-SGD's runs on 3 ranks with
+which ends with a rank hung until the others have named it, runs last.  OD-SGD's runs on 3 ranks with
 Horovod's tensor fusion off, in a job of its own."""
 import json
 import os

@@ -20,13 +20,16 @@ with an error naming worker 3, and nobody is left inside a Horovod collective.
 Prints OK rank=R.
 """
 import os
+import shutil
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
+import horovod.tensorflow  # noqa: E402
 import horovod.tensorflow.keras as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -229,23 +232,36 @@ def run(variant):
     target = 0.75 if NON_BLOCKING else 1.0
     assert result["loss"] <= target, f"rank {rank}: consensus loss {result['loss']:.3f} > {target}"
     if not NON_BLOCKING:
-        check_dead_rank(build, loss, x, y, rank, size)
+        where = check_dead_rank(build, loss, x, y, rank, size)
         # Nobody was left inside a Horovod collective: one more completes on every rank.
         assert float(hvd.allreduce(tf.constant(1.0), op=hvd.Sum, name="after_dead")) == size
+        if rank == 0:
+            shutil.rmtree(where, ignore_errors=True)
 
 
 class Hang(tf.keras.callbacks.Callback):
+    """Rank 3 hangs at its 4th step until every other rank has given up on it (each leaves a file in ``where``):
+    its own error then always comes after theirs, however slowly this machine runs them (bounded: 60 s)."""
+
+    def __init__(self, where, others):
+        super().__init__()
+        self.where, self.others = where, others
+
     def on_train_batch_begin(self, batch, logs=None):
-        if batch == 3:
-            time.sleep(12)
+        deadline = time.monotonic() + 60
+        while batch == 3 and time.monotonic() < deadline:
+            if all(os.path.exists(os.path.join(self.where, f"gave-up-{r}")) for r in self.others):
+                return
+            time.sleep(0.1)
 
 
 def check_dead_rank(build, loss, x, y, rank, size):
     """Rank 3 hangs: the others' aggregation fails after ``timeout`` naming it; none waits in Horovod."""
+    where = horovod.tensorflow.broadcast_object(tempfile.mkdtemp(prefix="esync-hang-") if rank == 0 else None)
     model = build()
     opt = hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.05), sync="esync", timeout=3.0)
     model.compile(optimizer=opt, loss=loss)
-    callbacks = [Hang()] if rank == SLOW else []
+    callbacks = [Hang(where, [r for r in range(size) if r != SLOW])] if rank == SLOW else []
     t0 = time.monotonic()
     try:
         hetsync.keras.fit(model, shard(x, y, rank, size, 32, 1), steps_per_epoch=8, epochs=1, callbacks=callbacks, verbose=0)
@@ -253,11 +269,13 @@ def check_dead_rank(build, loss, x, y, rank, size):
     except tf.errors.DeadlineExceededError as e:
         took = time.monotonic() - t0
         print(f"rank {rank}: failed after {took:.1f} s: {e.message}", flush=True)
+        open(os.path.join(where, f"gave-up-{rank}"), "w").close()
         assert "worker(s) 3 (last heard" in e.message, e.message
         if rank != SLOW:
             assert took < 11, f"rank {rank}: the error came after {took:.1f} s, not at the 3 s timeout"
         else:  # it came back after the others had given up: the round is abandoned, and says why
             assert "abandoned by the other workers" in e.message, e.message
+    return where
 
 
 if __name__ == "__main__":

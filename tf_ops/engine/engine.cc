@@ -1,5 +1,7 @@
 #include "engine/engine.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -187,7 +189,12 @@ Status Engine::Start(double timeout_seconds, int cache_size) {
   ctx_.control.Start(ctx_);
   ctx_.partial.Start(ctx_);
   ctx_.hop.Start(ctx_);
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread([this] {
+    // Named, so that top -H and /proc/<pid>/task/*/comm tell the progress thread's CPU from TensorFlow's and
+    // Horovod's (docs/engine.md, "What the progress thread costs").
+    pthread_setname_np(pthread_self(), "hetsync-engine");
+    Loop();
+  });
   running_ = true;
   return Status::OK();
 }
