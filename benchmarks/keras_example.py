@@ -32,6 +32,7 @@ import tensorflow as tf  # noqa: E402
 import horovod.tensorflow.keras as hvd  # noqa: E402
 
 from common import digit_images_split  # noqa: E402  (examples/common.py: the digits, without scikit-learn)
+from user_callbacks import PeriodicAllreduce  # noqa: E402  (no hetsync import)
 
 
 def parse(argv=None):
@@ -61,19 +62,6 @@ def build_model():
         tf.keras.layers.Dropout(0.5),
         tf.keras.layers.Dense(10),
     ])
-
-
-class UserAllreduce(tf.keras.callbacks.Callback):
-    """A user's own global collective between steps: the batch loss averaged with Horovod every N batches."""
-
-    def __init__(self, every):
-        super().__init__()
-        self.every, self.count = every, 0
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.count += 1
-        if self.every and self.count % self.every == 0:
-            hvd.allreduce(tf.constant(float((logs or {}).get("loss", 0.0))), name=f"user.loss.{self.count}")
 
 
 class Clock(tf.keras.callbacks.Callback):
@@ -131,7 +119,7 @@ def main(argv=None):
     clock = Clock(x_test, y_test, args.eval_every, evaluate=rank == 0)
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback(),
                  hvd.callbacks.LearningRateWarmupCallback(initial_lr=args.lr * size, warmup_epochs=1, verbose=0),
-                 UserAllreduce(args.allreduce_every), clock]
+                 PeriodicAllreduce(args.allreduce_every), clock]
     fit = model.fit if plain else (lambda *a, **k: hetsync.keras.fit(model, *a, **k))
     began = time.monotonic()
     fit(dataset, steps_per_epoch=args.steps, epochs=args.epochs, callbacks=callbacks, verbose=0)

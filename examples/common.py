@@ -8,7 +8,6 @@ imported only by what needs it (``task``, ``shard``, ``EvalLogger``), so a drive
 import csv
 import re
 import subprocess
-import sys
 import threading
 import time
 

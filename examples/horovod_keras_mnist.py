@@ -42,6 +42,7 @@ import hetsync.training  # noqa: E402
 import hetsync.callbacks  # noqa: E402
 import hetsync.testing  # noqa: E402
 from common import digit_images_split, without_autotune  # noqa: E402  (examples/common.py, beside this script)
+from user_callbacks import PeriodicAllreduce  # noqa: E402  (a user's own callback, beside this script)
 
 
 def parse(argv=None):
@@ -94,20 +95,6 @@ def build_model():
         tf.keras.layers.Dense(64, activation="relu"),
         tf.keras.layers.Dense(10),
     ])
-
-
-class PeriodicAllreduce(tf.keras.callbacks.Callback):
-    """A user's own global collective between steps: averages the batch loss with Horovod every N batches."""
-
-    def __init__(self, every):
-        super().__init__()
-        self.every, self.calls, self.count = every, 0, 0
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.count += 1
-        if self.count % self.every == 0:
-            hvd.allreduce(tf.constant(float(logs.get("loss", 0.0))), name=f"user.loss.{self.calls}")
-            self.calls += 1
 
 
 class EpochEnds(tf.keras.callbacks.Callback):

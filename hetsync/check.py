@@ -88,6 +88,7 @@ def check_coordinator():
     import grpc
 
     from hetsync.coordinator import server as gg_server  # deferred: each check loads only what it checks
+    from hetsync.coordinator._client import channel as service_channel  # deferred: as above
 
     note = ""
     try:
@@ -101,7 +102,7 @@ def check_coordinator():
         return _line(False, f"coordinator: cannot bind {host} ({exc})",
                      "set HETSYNC_GG_HOST to an address of this host that other hosts can reach")
     try:
-        channel = grpc.insecure_channel(address)
+        channel = service_channel(address)  # the clients' own channel settings
         grpc.channel_ready_future(channel).result(timeout=10)
         channel.close()
     except grpc.FutureTimeoutError:

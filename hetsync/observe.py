@@ -9,6 +9,7 @@ returned, or ``model.optimizer`` after a live switch: they answer alike, for the
 
 Anything else is a TypeError naming what was given.  They are local (no collective): each rank answers for itself.
 """
+from hetsync import marks
 
 __all__ = ["metrics", "switch_history", "current_mode"]
 
@@ -17,10 +18,10 @@ def _resolve(obj, what):
     """(family or None, algorithm in force) of a hetsync optimizer or of a model compiled with one."""
     candidates = [obj, getattr(obj, "optimizer", None)]
     for opt in candidates:
-        family = getattr(opt, "_hetsync_family", None)
+        family = marks.family_of(opt)
         if family is not None and getattr(family, "current", None) is not None:
             return family, family.current_entry.algorithm
-        algorithm = getattr(opt, "_hetsync_algorithm", None)
+        algorithm = marks.algorithm_of(opt)
         if algorithm is not None:
             return family, algorithm
     kind = f"{type(obj).__module__}.{type(obj).__qualname__}"

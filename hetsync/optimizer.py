@@ -1,5 +1,5 @@
 """``hetsync.DistributedOptimizer``: the one line a Horovod Keras script changes."""
-from hetsync import _runtime, algorithms, compat
+from hetsync import _runtime, algorithms, compat, marks
 from hetsync.algorithms import horovod_kwargs
 from hetsync.algorithms.options import Option, check_all, did_you_mean
 from hetsync.coordinator.switchboard.auto_policy import AutoPolicy, SETTINGS
@@ -112,7 +112,7 @@ def _check_optimizer(optimizer):
     if not isinstance(optimizer, kinds):
         raise ValueError(f"hetsync.DistributedOptimizer needs a Keras optimizer (tf.keras.optimizers.*), got "
                          f"{type(optimizer).__module__}.{type(optimizer).__qualname__}")
-    if getattr(optimizer, "_hetsync_algorithm", None) is not None or getattr(optimizer, "_hetsync_family", None):
+    if marks.is_hetsync(optimizer):
         raise ValueError("this optimizer is already a hetsync.DistributedOptimizer; wrap the plain one")
 
 

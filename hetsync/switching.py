@@ -29,7 +29,7 @@ import time
 
 import tensorflow as tf
 
-from hetsync import _runtime, algorithms, compat
+from hetsync import _runtime, algorithms, compat, marks
 from hetsync.algorithms import horovod_kwargs
 from hetsync.algorithms._wrap import build_slots
 from hetsync.coordinator.switchboard import canonical
@@ -141,9 +141,9 @@ class Family:
             if self.rebuild is not None:
                 give_from_config(type(optimizer), type(self.base), algorithm, self.rebuild)
             algorithm.make_compute_stamp()
-            if getattr(optimizer, "_hetsync_algorithm", None) is None:
-                optimizer._hetsync_algorithm = algorithm
-            optimizer._hetsync_family = self
+            if marks.algorithm_of(optimizer) is None:
+                marks.record(optimizer, algorithm=algorithm)
+            marks.record(optimizer, family=self)
             entry = self.entries[key] = Entry(mode, options, algorithm, optimizer)
             for ref in self.local_vars:
                 entry.register(ref.deref())

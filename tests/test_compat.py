@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 import hetsync
+import hetsync.marks
 from hetsync import algorithms, compat
 from hetsync.algorithms import horovod_kwargs
 
@@ -89,7 +90,9 @@ def test_refusals_name_what_is_not_supported(monkeypatch):
         assert f"layer 'sbn') is not supported by sync={mode!r}" in compat.fit_problem(bn, [mode])
     # sync="auto" in a custom loop; DistributedGradientTape in one
     family = types.SimpleNamespace(auto={"candidates": {}})
-    assert "not supported in custom loops" in compat.loop_problem(types.SimpleNamespace(_hetsync_family=family))
+    optimizer = tf.keras.optimizers.SGD()
+    hetsync.marks.record(optimizer, family=family)
+    assert "not supported in custom loops" in compat.loop_problem(optimizer)
     # hvd.DistributedGradientTape in a job_steps loop: an own-pace mode refuses it, a gradient-allreducing mode warns
     # once.  Recognizing the tape's gradients needs Horovod initialized: tests/mpi/kwargs_ripples.py checks it under
     # mpirun (refused, warned), and tests/mpi/custom_loops.py that a plain tape is never taken for it.

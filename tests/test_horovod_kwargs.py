@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 from conftest import assert_ok, run_mpi
 
-from hetsync import algorithms
+from hetsync import algorithms, marks
 from hetsync.algorithms import horovod_kwargs as hk
 from hetsync.algorithms._wrap import wrap_post_update
 from hetsync.algorithms.options import defaults
@@ -237,8 +237,15 @@ def test_compression_is_recorded_on_the_algorithm():
         is hvd_keras.Compression.fp16
     assert create("ripples-smart")[0].compression is hvd_keras.Compression.none
     algo = recorder(compression=hvd_keras.Compression.fp16)
-    opt = algo.wrap(tf.keras.optimizers.SGD(0.1))
-    assert opt._hetsync_algorithm.compression is hvd_keras.Compression.fp16
+    plain = tf.keras.optimizers.SGD(0.1)
+    opt = algo.wrap(plain)
+    assert marks.algorithm_of(opt).compression is hvd_keras.Compression.fp16
+    # the record is of the optimizer hetsync built, not of the user's (or of anything else), and wrapping an
+    # optimizer hetsync built again is refused, naming why
+    assert marks.algorithm_of(plain) is None and not marks.is_hetsync(plain) and marks.is_hetsync(opt)
+    assert marks.algorithm_of(None) is None and marks.family_of("sgd") is None
+    with pytest.raises(ValueError, match="already a hetsync.DistributedOptimizer"):
+        recorder().wrap(opt)
 
 
 # -- backward_passes_per_step in the wrapper ------------------------------------------------------------------------

@@ -70,7 +70,7 @@ def test_pip_install_into_an_environment_with_only_tensorflow_and_horovod(user_e
 
     # the README's quickstart example, from outside the checkout (its data: scikit-learn's digits)
     _run(pip + CONSTRAINTS + ["scikit-learn"], tmp_path)
-    for name in ("horovod_keras_mnist.py", "common.py"):
+    for name in ("horovod_keras_mnist.py", "common.py", "user_callbacks.py"):
         shutil.copy(os.path.join(ROOT, "examples", name), job_dir)
     out = _run(["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none", python, "horovod_keras_mnist.py",
                 "--sync", "ripples-smart", "--epochs", "2", "--steps-per-epoch", "10"], job_dir, env=env)

@@ -10,6 +10,8 @@ accumulation), and ``name`` (the name scope of the ops it adds).
 """
 import tensorflow as tf
 
+from hetsync import marks
+
 
 class _Accumulation:
     """Gradient accumulators and the pass counter of one wrapped optimizer.
@@ -121,7 +123,7 @@ def wrap_post_update(optimizer, algorithm):
     ``algorithm`` is a SyncAlgorithm (its resolved Horovod settings: base.SyncAlgorithm).
     """
     base = optimizer.__class__
-    if getattr(optimizer, "_hetsync_algorithm", None) is not None:
+    if marks.algorithm_of(optimizer) is not None:
         raise ValueError("this optimizer is already a hetsync.DistributedOptimizer; wrap the plain one")
     passes = int(algorithm.backward_passes_per_step or 1)
     average = bool(algorithm.average_aggregated_gradients)
@@ -129,30 +131,30 @@ def wrap_post_update(optimizer, algorithm):
     scope = algorithm.scope_name or f"Distributed{base.__name__}"
 
     def _sync(self, variables):
-        variables = self._hetsync_algorithm.shared(variables)
+        variables = algorithm.shared(variables)
         if algorithm.EXCHANGES_PARAMETERS and variables:
             with tf.name_scope(scope):
-                self._hetsync_algorithm.after_update(variables, self.iterations)
+                algorithm.after_update(variables, self.iterations)
                 # reads of the variables come after the exchange's assignments (automatic control dependencies)
                 _left_exchange([v.read_value() for v in variables])
 
     def _exchange(self, grads_and_vars):
         if not algorithm.EXCHANGES_GRADIENTS:
             return grads_and_vars
-        local = self._hetsync_algorithm.local_vars
+        local = algorithm.local_vars
         kept = [(g, v) for g, v in grads_and_vars if g is not None and v.ref() in local]  # worker-local: as is
         present = [(tf.convert_to_tensor(g), v) for g, v in grads_and_vars if g is not None and v.ref() not in local]
         if not present:
             return grads_and_vars
         with tf.name_scope(scope):
-            exchanged = self._hetsync_algorithm.before_update([g for g, _ in present], [v for _, v in present])
+            exchanged = algorithm.before_update([g for g, _ in present], [v for _, v in present])
             if not algorithm.EXCHANGES_PARAMETERS:
                 _left_exchange([e for e in exchanged if isinstance(e, tf.Tensor)])
         return list(zip(exchanged, [v for _, v in present])) + kept
 
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         grads_and_vars = list(grads_and_vars)
-        stamped = self._hetsync_algorithm.mark_compute_done([g for g, _ in grads_and_vars])
+        stamped = algorithm.mark_compute_done([g for g, _ in grads_and_vars])
         grads_and_vars = list(zip(stamped, [v for _, v in grads_and_vars]))
         if sparse_as_dense:
             grads_and_vars = _densify(grads_and_vars)
@@ -194,7 +196,7 @@ def wrap_post_update(optimizer, algorithm):
     cls = type(base.__name__, (base,), {"apply_gradients": apply_gradients, "__module__": base.__module__})
     wrapped = base.from_config.__func__(cls, optimizer.get_config())
     wrapped._hetsync_accumulation = _Accumulation()
-    wrapped._hetsync_algorithm = algorithm
+    marks.record(wrapped, algorithm=algorithm)
     return wrapped
 
 
@@ -228,7 +230,7 @@ def _pending_accumulation(optimizer, variables):
     ours = getattr(optimizer, "_hetsync_accumulation", None)
     if ours is not None and ours.counter is not None:
         done = int(ours.counter.numpy())
-        algorithm = optimizer._hetsync_algorithm
+        algorithm = marks.algorithm_of(optimizer)
         passes = int(algorithm.backward_passes_per_step or 1)
         average = bool(algorithm.average_aggregated_gradients)
         pairs = [(tf.identity(ours.sums[v.ref()]), v) for v in variables if v.ref() in ours.sums] if done else []

@@ -40,6 +40,7 @@ import time
 
 import tensorflow as tf
 
+from hetsync import marks
 from hetsync.algorithms import balanced_plan, horovod_kwargs, register
 from hetsync.algorithms._synchronous import loss_scale_parts
 from hetsync.algorithms._wrap import apply_locally, build_slots, update_result
@@ -130,7 +131,7 @@ class Balanced(SyncAlgorithm):
 
         cls = type(base.__name__, (base,), {"apply_gradients": apply_gradients, "__module__": base.__module__})
         wrapped = base.from_config.__func__(cls, optimizer.get_config())
-        wrapped._hetsync_algorithm = self
+        marks.record(wrapped, algorithm=self)
         self.optimizer = wrapped
         return loss_scaled(wrapped)
 

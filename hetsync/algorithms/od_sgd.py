@@ -33,7 +33,7 @@ Choices where the paper is silent (README, "OD-SGD"):
 """
 import tensorflow as tf
 
-from hetsync import _runtime, ops
+from hetsync import _runtime, marks, ops
 from hetsync.algorithms import horovod_kwargs, register
 from hetsync.algorithms._synchronous import IdleContribution, ReducedOnce, horovod_optimizer, loss_scale_parts
 from hetsync.algorithms._wrap import build_slots, update_result
@@ -134,7 +134,7 @@ class ODSGD(IdleContribution, SyncAlgorithm):
 
         wrapped._allreduce = types.MethodType(_allreduce, wrapped)
         wrapped.apply_gradients = types.MethodType(apply_gradients, wrapped)
-        wrapped._hetsync_algorithm = self
+        marks.record(wrapped, algorithm=self)
         return loss_scaled(wrapped)
 
     def in_warmup(self):

@@ -3,7 +3,7 @@
 import os
 import warnings
 
-from hetsync import algorithms
+from hetsync import algorithms, marks
 from hetsync.algorithms.horovod_kwargs import _is_rank0
 from hetsync.training.hooks import SwitchSchedule
 
@@ -118,7 +118,7 @@ def switch_problem(model, mode):
 
 def loop_problem(optimizer):
     """``hetsync.job_steps``'s refusal of ``optimizer`` (besides a mode's NO_CUSTOM_LOOPS), or None."""
-    family = getattr(optimizer, "_hetsync_family", None)
+    family = marks.family_of(optimizer)
     if family is not None and family.auto:
         return ("sync='auto' is not supported in custom loops (hetsync.job_steps): it switches modes inside "
                 "Model.fit only, so the loop would train in its first candidate throughout; pass a fixed mode")

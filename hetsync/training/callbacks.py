@@ -11,7 +11,7 @@ import time
 
 import tensorflow as tf
 
-from hetsync import _runtime, switching
+from hetsync import _runtime, marks, switching
 from hetsync.switching import key_of
 from hetsync.training import front_door, hooks, options
 
@@ -81,7 +81,7 @@ class SyncPoints(tf.keras.callbacks.Callback):
         (checked here, once per fit, with one small Horovod allgather), else a switch would wait forever for a
         rank that never hears of it."""
         state = self.state
-        state.family = getattr(self.model.optimizer, "_hetsync_family", None)
+        state.family = marks.family_of(self.model.optimizer)
         modes = [cb for cb in self.user_callbacks if isinstance(cb, hooks.SwitchSchedule)]
         for cb in modes:
             cb.bind(state)

@@ -8,6 +8,8 @@ A consensus round is a global collective, so it must not wait on a worker that s
 training worker wait on one that is in the round: the algorithm withdraws the worker from hetsync's own collectives
 for the duration (``on_consensus_begin``) and rejoins afterwards (``on_consensus_end``), unless it is idle.
 """
+from hetsync import marks
+
 
 def _hvd():
     import horovod.tensorflow as hvd
@@ -17,7 +19,7 @@ def _hvd():
 
 def _algorithm_of(model):
     optimizer = getattr(model, "optimizer", None)
-    return getattr(optimizer, "_hetsync_algorithm", None)
+    return marks.algorithm_of(optimizer)
 
 
 def _averageable(variables):

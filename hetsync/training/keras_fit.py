@@ -18,7 +18,7 @@ import logging
 
 import tensorflow as tf
 
-from hetsync import _runtime, compat
+from hetsync import _runtime, compat, marks
 from hetsync.algorithms._wrap import build_slots
 from hetsync.training import front_door, options, report
 from hetsync.training.callbacks import StopVote, SyncPoints
@@ -31,7 +31,7 @@ _STATE = {"job": None}
 
 def fit(model, args, kwargs):
     """``model.fit(*args, **kwargs)``, through hetsync's training layer when ``model`` has a hetsync optimizer."""
-    algorithm = getattr(getattr(model, "optimizer", None), "_hetsync_algorithm", None)
+    algorithm = marks.algorithm_of(getattr(model, "optimizer", None))
     if algorithm is None:
         # hvd.load_model's Horovod optimizer, in a hetsync process
         compat.horovod_optimizer_warning(model, _runtime.is_initialized())
@@ -96,7 +96,7 @@ def _prepare(model, args, kwargs, algorithm):
     """fit's arguments as keywords: the epoch plan, the dataset, SyncPoints first and StopVote last."""
     _runtime.require_init("fit with a hetsync optimizer")
     arguments = dict(inspect.signature(model.fit).bind(*args, **kwargs).arguments)
-    family = getattr(model.optimizer, "_hetsync_family", None)
+    family = marks.family_of(model.optimizer)
     job_epochs = family.job_epochs if family is not None else True
     user = [cb for cb in (arguments.get("callbacks") or []) if not isinstance(cb, (SyncPoints, StopVote))]
     job = job_epochs_client()

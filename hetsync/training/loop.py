@@ -30,7 +30,7 @@ the rank trained since the last average, and every rank is back in hetsync's col
 import logging
 import time
 
-from hetsync import _runtime, compat
+from hetsync import _runtime, compat, marks
 from hetsync.algorithms import _wrap as exchange
 from hetsync.training import front_door, options, rank_state
 from hetsync.training.consensus import sync_point
@@ -46,7 +46,7 @@ class JobSteps:
 
     def __init__(self, data, steps, model, optimizer):
         _runtime.require_init("hetsync.job_steps")
-        self.algorithm = getattr(optimizer, "_hetsync_algorithm", None)
+        self.algorithm = marks.algorithm_of(optimizer)
         if self.algorithm is None:
             raise ValueError("hetsync.job_steps needs the optimizer hetsync.DistributedOptimizer returned, got "
                              f"{type(optimizer).__name__}")

@@ -32,6 +32,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
+import hetsync.marks  # noqa: E402
 import hetsync.keras  # noqa: E402
 import hetsync.callbacks  # noqa: E402
 import hetsync.testing  # noqa: E402
@@ -122,7 +123,7 @@ def main():
     # each rank's share over time; on rank 0 only, as Horovod users place TensorBoard: rank 0 writes every rank's
     report = [hetsync.callbacks.HeterogeneityReportCallback(sys.argv[1], every_s=0.1)] if rank == 0 else []
     hetsync.keras.fit(model, data, steps_per_epoch=STEPS, epochs=EPOCHS, verbose=0, callbacks=[compute, slow, *report])
-    algorithm = model.optimizer._hetsync_algorithm
+    algorithm = hetsync.marks.algorithm_of(model.optimizer)
     history, updates = list(algorithm.history), algorithm.updates
     assert updates == STEPS * EPOCHS, updates
     everyone = hvd_tf.allgather_object(history)

@@ -40,6 +40,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
+import hetsync.marks  # noqa: E402
 import hetsync.keras  # noqa: E402
 import hetsync.testing  # noqa: E402
 
@@ -59,7 +60,7 @@ class Deltas(tf.keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         after = self.model.get_weights()[0][:, 0]
-        nap = int(self.model.optimizer._hetsync_algorithm._last_nap.numpy())
+        nap = int(hetsync.marks.algorithm_of(self.model.optimizer)._last_nap.numpy())
         self.steps.append((self.before - after, nap))
 
 

@@ -29,6 +29,7 @@ import horovod.tensorflow.keras as hvd  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
+import hetsync.marks  # noqa: E402
 import hetsync.keras  # noqa: E402
 import hetsync.callbacks  # noqa: E402
 import hetsync.testing  # noqa: E402
@@ -45,7 +46,7 @@ class Traced(tf.keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         if self.counts is None and batch == 5:
-            family = self.model.optimizer._hetsync_family
+            family = hetsync.marks.family_of(self.model.optimizer)
             esync = [e for e in family.entries.values() if e.mode == "esync"][0]
             self.counts = (esync.train_function.experimental_get_tracing_count(),
                            esync.algorithm._aggregate_fn.experimental_get_tracing_count())
@@ -82,7 +83,7 @@ def main():
               verbose=0)
     if rank == 1:
         assert not os.path.exists(os.path.join(logdir, "rank1-board", "hetsync")), "unasked hetsync scalars"
-    history = model.optimizer._hetsync_family.history
+    history = hetsync.marks.family_of(model.optimizer).history
     summary = [(h["from"], h["to"], h["position"]) for h in history]
     everyone = hvd_tf.allgather_object(summary)
     assert all(e == everyone[0] for e in everyone), f"ranks switched differently: {everyone}"
@@ -97,7 +98,7 @@ def main():
     assert back and back[0]["position"] > PHASES[0] + PHASES[1], summary
     assert "homogeneous" in back[0]["reason"], back[0]["reason"]
     assert not any(h["traced"] for h in history), [(h["to"], h["traced"]) for h in history]
-    family = model.optimizer._hetsync_family
+    family = hetsync.marks.family_of(model.optimizer)
     esync = [e for e in family.entries.values() if e.mode == "esync"][0]
     assert traced.counts == (1, 2), f"before the first switch, esync's step/aggregation traced {traced.counts}"
     assert esync.train_function.experimental_get_tracing_count() == 1, "esync's train step traced again"

@@ -35,6 +35,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
+import hetsync.marks  # noqa: E402
 import hetsync.keras  # noqa: E402
 import hetsync.testing  # noqa: E402
 import hetsync.training.hooks  # noqa: E402
@@ -164,7 +165,7 @@ def run(variant):
     opt = hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.2), sync="esync", non_blocking=NON_BLOCKING,
                                        on_ready=on_ready, global_lr=1.0 if NON_BLOCKING else EPS, job_epochs=False)
     model.compile(optimizer=opt, loss=loss, metrics=metrics)
-    algo = opt._hetsync_algorithm
+    algo = hetsync.marks.algorithm_of(opt)
     checked = []
     algo.attach(model, [])  # builds the aggregation so the test can wrap it (fit attaches again)
     if not NON_BLOCKING:

@@ -26,6 +26,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
+import hetsync.marks  # noqa: E402
 import hetsync.keras  # noqa: E402
 import hetsync.callbacks  # noqa: E402
 import hetsync.testing  # noqa: E402
@@ -108,7 +109,7 @@ def main():
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     m.compile(optimizer=opt, loss=loss, metrics=["accuracy"])
     steps = 80 if rank == SLOW else 160
-    probe = ProgressProbe(opt._hetsync_algorithm, steps)
+    probe = ProgressProbe(hetsync.marks.algorithm_of(opt), steps)
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                  hetsync.testing.SlowdownCallback("deterministic", ranks=[SLOW], factor=10, base_time=0.01),
                  probe, hetsync.callbacks.ConsensusCallback(every=None)]
@@ -116,11 +117,11 @@ def main():
     final = m.evaluate(xt, yt, verbose=0, return_dict=True)
     flat = np.concatenate([w.ravel() for w in m.get_weights()])
     spread = float(np.max(np.abs(hvd.allgather(tf.constant(flat[None, :])).numpy() - flat)))
-    metrics = opt._hetsync_algorithm.metrics()
+    metrics = hetsync.marks.algorithm_of(opt).metrics()
     # The end of fit was a sync point (a consensus round; the GG resumed every worker): the §5.3 request counters
     # survived it (a generator installed afresh there would report 0 requests).
-    after = opt._hetsync_algorithm.client.metrics()["requests"]
-    resets = opt._hetsync_algorithm.services._phase
+    after = hetsync.marks.algorithm_of(opt).client.metrics()["requests"]
+    resets = hetsync.marks.algorithm_of(opt).services._phase
     assert resets >= 2 and all(a >= p > 0 for a, p in zip(after, probe.requests)), (resets, after, probe.requests)
     print(f"rank {rank}: {mode} steps={steps} loss {final['loss']:.4f} acc {final['accuracy']:.3f} "
           f"requests-at-my-end {probe.requests} spread {spread:g} metrics {metrics}", flush=True)

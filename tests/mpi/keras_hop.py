@@ -17,6 +17,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
+import hetsync.marks  # noqa: E402
 import hetsync.keras  # noqa: E402
 import hetsync.testing  # noqa: E402
 from common import shard, task  # noqa: E402
@@ -56,7 +57,7 @@ def main():
     flat = np.concatenate([w.ravel() for w in model.get_weights()])
     everyone = hvd.allgather(tf.constant(flat[None, :])).numpy()
     assert np.allclose(everyone, everyone[:1], atol=1e-6), "ranks ended with different models"
-    m = opt._hetsync_algorithm.metrics()
+    m = hetsync.marks.algorithm_of(opt).metrics()
     assert m["steps"] == 80 and m["max_queue"] <= 2, m  # staleness keeps the newest update per in-neighbour
     assert f"tokens_from_{(rank + 1) % size}" in m, m  # (gaps are live gauges: none right after the final average)
     skips = hvd.allgather(tf.constant([m["skips"]])).numpy()

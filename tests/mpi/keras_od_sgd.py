@@ -26,6 +26,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
+import hetsync.marks  # noqa: E402
 import hetsync.keras  # noqa: E402
 from common import shard, task  # noqa: E402
 
@@ -73,7 +74,7 @@ def check_replay(kind, rank, size, warmup=2, steps=8, local_lr=None):
     explicit = {} if kind == "dc-asgd-a" else {"dc_lambda": 0.5}
     opt = hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(LR, momentum=MOMENTUM), sync="od-sgd",
                                        warmup_steps=warmup, local_updater=kind, local_lr=local_lr, **explicit)
-    algo = opt._hetsync_algorithm
+    algo = hetsync.marks.algorithm_of(opt)
     tgt = np.stack([target(r, size) for r in range(size)])
     lam, eta = np.float32(0.95 if kind == "dc-asgd-a" else 0.5), np.float32(local_lr or LR)
     L = np.full((size, 6), 0.5, np.float32)     # every rank's model (numpy replay)
@@ -132,7 +133,7 @@ def check_fit_overlaps(rank, size):
                                  tf.keras.layers.Dense(1536, activation="relu"), tf.keras.layers.Dense(10)])
     opt = hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.05, momentum=0.5), sync="od-sgd", warmup_steps=8)
     model.compile(optimizer=opt, loss=loss, metrics=metrics)
-    algo = opt._hetsync_algorithm
+    algo = hetsync.marks.algorithm_of(opt)
     steps = StepTimes(algo)
     hetsync.keras.fit(model, shard(x, y, rank, size, 32, 0), steps_per_epoch=20, epochs=2, verbose=0,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), steps])
@@ -173,7 +174,7 @@ def check_backward_passes(rank, size):
     flat = np.concatenate([w.ravel() for w in model.get_weights()])
     everyone = hvd.allgather(tf.constant(flat[None, :])).numpy()
     assert (everyone == everyone[:1]).all(), "ranks ended with different models"
-    assert opt._hetsync_algorithm.metrics()["global_updates"] > 15
+    assert hetsync.marks.algorithm_of(opt).metrics()["global_updates"] > 15
 
 
 HANG_S = 30.0  # the longest the hung rank stays away: the others release it as soon as they have named it

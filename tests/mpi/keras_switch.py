@@ -37,6 +37,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
+import hetsync.marks  # noqa: E402
 import hetsync.keras  # noqa: E402
 import hetsync.callbacks  # noqa: E402
 import hetsync.testing  # noqa: E402
@@ -100,7 +101,7 @@ class Checks(tf.keras.callbacks.Callback):
             return
         assert len(history) == self.seen + 1, "two switches between two checks"
         record = history[-1]
-        family = self.model.optimizer._hetsync_family
+        family = hetsync.marks.family_of(self.model.optimizer)
         old = [e for e in family.entries.values() if e.mode == record["from"]][0].optimizer
         assert self.model.optimizer is family.current_entry.optimizer
         assert family.current_entry.mode == record["to"]
@@ -117,7 +118,7 @@ class Checks(tf.keras.callbacks.Callback):
 
     def _lockstep(self):
         """In a synchronous mode every step ends with one model and one ``iterations`` on every rank."""
-        if self.model.optimizer._hetsync_family.current_entry.mode not in SYNCHRONOUS:
+        if hetsync.marks.family_of(self.model.optimizer).current_entry.mode not in SYNCHRONOUS:
             return
         self.lockstep_checks += 1
         same_everywhere(self.model, f"lockstep {self.lockstep_checks} ({self.switch.mode})")

@@ -22,6 +22,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
+import hetsync.marks  # noqa: E402
 import hetsync.keras  # noqa: E402
 from hetsync.callbacks import ConsensusCallback  # noqa: E402
 
@@ -50,7 +51,7 @@ def check_static_accumulates(rank):
         text = str(ours[0].message)
         assert "op=Sum" in text and "device_dense" in text and "ripples-static" in text, text
         assert "device_sparse" not in text and "num_groups" not in text, text  # defaults ask for nothing
-    assert opt._hetsync_algorithm.compression is hvd.Compression.fp16
+    assert hetsync.marks.algorithm_of(opt).compression is hvd.Compression.fp16
     model.compile(optimizer=opt, loss="mse")
     x = np.ones((8, 3), np.float32)
     y = np.zeros((8, 2), np.float32)

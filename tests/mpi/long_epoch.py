@@ -28,6 +28,7 @@ import hetsync.training  # noqa: E402
 import hetsync.testing  # noqa: E402
 from hetsync import algorithms  # noqa: E402
 from common import digit_images, without_autotune  # noqa: E402
+from user_callbacks import PeriodicAllreduce  # noqa: E402
 
 SLACK_S = 30.0
 
@@ -47,18 +48,6 @@ class Budget(tf.keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         self.end = time.monotonic()
-
-
-class UserAllreduce(tf.keras.callbacks.Callback):
-    def __init__(self):
-        super().__init__()
-        self.count = self.calls = 0
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.count += 1
-        if self.count % 7 == 0:
-            hvd.allreduce(tf.constant(1.0), name=f"user.{self.calls}")
-            self.calls += 1
 
 
 def bad_steps_are_refused_everywhere(x, y):
@@ -90,7 +79,7 @@ def main():
                                      tf.keras.layers.Dense(10)])
         model.compile(loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       optimizer=hetsync.DistributedOptimizer(tf.keras.optimizers.Adam(0.004), sync=mode))
-        budget, user = Budget(1.0 + 0.3 * rank), UserAllreduce()
+        budget, user = Budget(1.0 + 0.3 * rank), PeriodicAllreduce(7)
         callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                      hetsync.testing.SlowdownCallback("deterministic", ranks=[3], factor=5.0, base_time=0.005), budget, user]
         before = hetsync.training.position()

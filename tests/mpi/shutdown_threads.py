@@ -22,6 +22,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
+import hetsync.marks  # noqa: E402
 import hetsync.keras  # noqa: E402
 import hetsync.callbacks  # noqa: E402
 from hetsync import _runtime  # noqa: E402
@@ -40,7 +41,7 @@ def pretrace_leaves_the_mode_in_force(x, y):
     services = _runtime.services()
     assert services.config[0] == "smart", services.config
     hetsync.keras.fit(model, x, y, batch_size=8, epochs=1, verbose=0)
-    family = model.optimizer._hetsync_family
+    family = hetsync.marks.family_of(model.optimizer)
     traced = sorted(e.mode for e in family.entries.values() if e.train_function is not None)
     assert {"ripples-random", "eager-solo"} <= set(traced), f"candidates not pretraced: {traced}"
     assert family.current_entry.mode == "ripples-smart"

@@ -36,6 +36,7 @@ from typing import Callable, Optional, Sequence, Union
 import grpc
 
 from .. import _proto
+from .._client import channel
 from .errors import GGError, GroupFailed, InvalidArgument, ProtocolViolation, WorkerEvicted
 from .groups import Group
 from .random_gg import DRAFTED
@@ -146,10 +147,7 @@ class GroupGeneratorClient:
         self.timeout = float(timeout)
         self.rpc_timeout = float(rpc_timeout)
         self._secret = secret or ""
-        self._channel = grpc.insecure_channel(
-            address,
-            options=[("grpc.enable_http_proxy", 0), ("grpc.keepalive_time_ms", 60_000)],
-        )
+        self._channel = channel(address)
         self._stub = pb2_grpc.GroupGeneratorStub(self._channel)
         self._last_group_id = 0
         self._held: Optional[Group] = None

@@ -1,21 +1,18 @@
 """The Job Clock, a rank's side: claims of train steps, the stopped rank's wait for its slice, the stop step."""
 import json
 
-import grpc
-
 from .. import _proto
+from .._client import ServiceClient
 from .clock import REACHED
 
 pb2, pb2_grpc = _proto.load("job_clock")
 
 
-class JobClockClient:
+class JobClockClient(ServiceClient):
     """One rank's connection to the Job Clock; every call has ``timeout`` seconds."""
 
     def __init__(self, address, secret, worker, timeout=30.0):
-        self.worker, self.secret, self.timeout = int(worker), secret, float(timeout)
-        self._channel = grpc.insecure_channel(address)
-        self._stub = pb2_grpc.JobClockStub(self._channel)
+        super().__init__(address, secret, worker, timeout, pb2_grpc.JobClockStub)
 
     def _msg(self, epoch=0, step=0, position=0, plan=None, wait_s=0.0):
         return pb2.JobStepMsg(secret=self.secret, worker=self.worker, epoch=int(epoch), step=int(step),
@@ -45,5 +42,3 @@ class JobClockClient:
     def metrics(self):
         return json.loads(self._stub.JobMetrics(pb2.MetricsRequest(secret=self.secret), timeout=self.timeout).json)
 
-    def close(self):
-        self._channel.close()

@@ -5,22 +5,20 @@ The client API takes the worker's finish times on the worker's own clock and sen
 """
 import time
 
-import grpc
-
 from .. import _proto
+from .._client import ServiceClient
 
 pb2, pb2_grpc = _proto.load("state_server")
 
 
-class StateServerClient:
+class StateServerClient(ServiceClient):
     """One worker's connection to the State Server; every call has ``timeout`` seconds.  ``clock`` is the worker's
     own clock, the one its ``last_finish_time`` / ``finish_time`` arguments are read on: they leave as durations
     (module docstring), so it need not be the server's."""
 
     def __init__(self, address, secret, worker, timeout=30.0, clock=time.monotonic):
-        self.worker, self.secret, self.timeout, self._clock = int(worker), secret, float(timeout), clock
-        self._channel = grpc.insecure_channel(address)
-        self._stub = pb2_grpc.StateServerStub(self._channel)
+        super().__init__(address, secret, worker, timeout, pb2_grpc.StateServerStub)
+        self._clock = clock
 
     def _since(self, finished_at):
         return max(0.0, self._clock() - float(finished_at))
@@ -63,5 +61,3 @@ class StateServerClient:
         return {"rounds": list(m.rounds), "local_steps": list(m.local_steps), "queries": list(m.queries),
                 "state": list(m.state), "capability": list(m.capability_s)}
 
-    def close(self):
-        self._channel.close()

@@ -3,20 +3,17 @@ out), sync="auto"'s policy, and a switch's roll call.  Samples travel as ages on
 import json
 import time
 
-import grpc
-
 from .. import _proto
+from .._client import ServiceClient
 
 pb2, pb2_grpc = _proto.load("switchboard")
 
 
-class SwitchClient:
+class SwitchClient(ServiceClient):
     """One rank's connection to the Switch Board; every call has ``timeout`` seconds."""
 
     def __init__(self, address, secret, worker, timeout=30.0):
-        self.worker, self.secret, self.timeout = int(worker), secret, float(timeout)
-        self._channel = grpc.insecure_channel(address)
-        self._stub = pb2_grpc.SwitchBoardStub(self._channel)
+        super().__init__(address, secret, worker, timeout, pb2_grpc.SwitchBoardStub)
 
     def request(self, mode, options_json):
         reply = self._stub.SwitchRequest(pb2.SwitchRequestMsg(secret=self.secret, worker=self.worker, mode=mode,
@@ -45,5 +42,3 @@ class SwitchClient:
                                         timeout=float(wait_s) + self.timeout)
         return list(reply.missing), list(reply.errors)
 
-    def close(self):
-        self._channel.close()
