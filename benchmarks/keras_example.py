@@ -71,7 +71,7 @@ class Clock(tf.keras.callbacks.Callback):
         super().__init__()
         self.x_test, self.y_test, self.eval_every, self.evaluate = x_test, y_test, eval_every, evaluate
         self.t0 = self.train_s = None
-        self.batches, self.curve = 0, []
+        self.batches, self.curve, self.epoch_ends = 0, [], []
 
     def on_train_begin(self, logs=None):
         self.t0 = time.monotonic()
@@ -80,6 +80,9 @@ class Clock(tf.keras.callbacks.Callback):
         self.batches += 1
         if self.evaluate and self.batches % self.eval_every == 0:
             self.point()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epoch_ends.append(round(time.monotonic() - self.t0, 3))  # epochs 2..N: the steady state, no first trace
 
     def on_train_end(self, logs=None):
         self.train_s = time.monotonic() - self.t0
@@ -127,7 +130,8 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
         json.dump({"rank": rank, "size": size, "sync": args.sync, "train_s": clock.train_s, "fit_s": fit_s,
-                   "batches": clock.batches, "curve": clock.curve}, f)
+                   "batches": clock.batches, "curve": clock.curve,
+                   "epoch_ends": clock.epoch_ends}, f)
     print(f"rank {rank}: {args.sync} train {clock.train_s:.1f} s, fit {fit_s:.1f} s, {clock.batches} batches"
           + (f", final accuracy {clock.curve[-1][1]:.3f}" if clock.curve else ""), flush=True)
 

@@ -106,6 +106,7 @@ def run_one(scenario, mode, repeat, args, quotas, out):
         ranks.append(json.load(open(path)) if os.path.exists(path) else None)
     shutil.rmtree(work, ignore_errors=True)
     record = {"scenario": scenario, "what": spec["what"], "mode": mode, "repeat": repeat, "commit": commit(),
+              "epochs": args.epochs, "steps": args.steps,
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "command": " ".join(cmd), "machine": machine(), "quotas": spec["quotas"],
               "quota_changes": schedule.applied, "returncode": proc.returncode, "job_wall_s": round(wall, 2),

@@ -6,7 +6,8 @@
 A generated block sits between ``<!-- bench: SCENARIO -->`` and ``<!-- /bench -->``; nothing between the markers
 is written by hand.  Per mode, over the scenario's repeats: rank 0's training time (fit's on_train_begin to
 on_train_end) as median and range; the speedup against plain Horovod, per repeat (the modes of one repeat ran one
-after another) and then its median and range; the time until rank 0's model first reached the target accuracy on
+after another) and then its median and range; rank 0's time from the end of its first epoch to the end of its
+last (the steady state: no first-step tracing in it), with the same speedup; the time until rank 0's model first reached the target accuracy on
 the held-out set (its curve is sampled every 10 of its batches), with the same speedup; the final accuracy; the
 job's wall time (launch to exit, the driver's clock: a teardown stall shows there, not in training).
 """
@@ -41,6 +42,13 @@ def time_to(curve, target):
     return next((t for t, accuracy, _ in curve if accuracy >= target), None)
 
 
+def after_first_epoch(rank):
+    """Seconds from the end of the first epoch to the end of the last: the steady state, without the first step's
+    tracing (None: the run recorded no epoch ends, or one epoch)."""
+    ends = rank.get("epoch_ends") or []
+    return ends[-1] - ends[0] if len(ends) >= 2 else None
+
+
 def ok(rec):
     return rec["returncode"] == 0 and rec["ranks"] and all(rec["ranks"]) and rec["ranks"][0]["curve"]
 
@@ -63,19 +71,21 @@ def summary(modes, target=TARGET):
     for mode, repeats in modes.items():
         done = {k: r for k, r in repeats.items() if ok(r)}
         row = {"runs": len(done), "failed": len(repeats) - len(done), "train": [], "speedup": [], "ttt": [],
-               "ttt_speedup": [], "accuracy": [], "wall": []}
+               "ttt_speedup": [], "steady": [], "steady_speedup": [], "accuracy": [], "wall": []}
         for k, rec in sorted(done.items()):
             r0 = rec["ranks"][0]
             row["train"].append(r0["train_s"])
             row["accuracy"].append(r0["curve"][-1][1])
             row["wall"].append(rec["job_wall_s"])
-            ttt = time_to(r0["curve"], target)
+            ttt, steady = time_to(r0["curve"], target), after_first_epoch(r0)
             row["ttt"].append(ttt)
+            row["steady"].append(steady)
             if k in base and ok(base[k]):
                 b0 = base[k]["ranks"][0]
                 row["speedup"].append(b0["train_s"] / r0["train_s"])
-                b_ttt = time_to(b0["curve"], target)
+                b_ttt, b_steady = time_to(b0["curve"], target), after_first_epoch(b0)
                 row["ttt_speedup"].append(b_ttt / ttt if b_ttt and ttt else None)
+                row["steady_speedup"].append(b_steady / steady if b_steady and steady else None)
         rows[mode] = row
     return rows
 
@@ -86,12 +96,14 @@ def table(scenario, modes, target=TARGET):
     some = next(iter(next(iter(modes.values())).values()))
     commits = ", ".join(sorted({rec["commit"] for repeats in modes.values() for rec in repeats.values()}))
     pct = int(round(target * 100))
+    epochs = some.get("epochs") or re.search(r"--epochs (\d+)", some["command"]).group(1)
     lines = [f"Scenario `{scenario}`: {some['what']}; quotas {some['quotas']} of a core per rank; "
              f"{max(r['runs'] for r in rows.values())} runs per mode, commits {commits}, "
              f"{some['machine']['cpus']} CPUs ({some['machine']['cpu']}).  Median (range).",
              "",
-             f"| mode | training s | vs Horovod | time to {pct}% accuracy, s | vs Horovod | final accuracy | job s |",
-             "|---|---|---|---|---|---|---|"]
+             f"| mode | training s | vs Horovod | epochs 2-{epochs}, s | vs Horovod | time to {pct}% accuracy, s | "
+             "vs Horovod | final accuracy | job s |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for mode in order:
         if mode not in rows:
             continue
@@ -100,6 +112,7 @@ def table(scenario, modes, target=TARGET):
         if r["failed"]:
             name += f" ({r['failed']} failed)"
         lines.append(f"| {name} | {_spread(r['train'], '{:.1f}')} | {_spread(r['speedup'], '{:.2f}x')} | "
+                     f"{_spread(r['steady'], '{:.1f}')} | {_spread(r['steady_speedup'], '{:.2f}x')} | "
                      f"{_spread(r['ttt'], '{:.1f}')} | {_spread(r['ttt_speedup'], '{:.2f}x')} | "
                      f"{_spread(r['accuracy'], '{:.3f}')} | {_spread(r['wall'], '{:.0f}')} |")
     return "\n".join(lines) + "\n"

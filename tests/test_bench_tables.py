@@ -20,9 +20,12 @@ def test_every_generated_table_matches_the_stored_runs():
     assert "<!-- bench: slow-node -->" in readme, "the README's headline is the CPU-quota slow-node table"
 
 
-def _record(mode, repeat, train_s, curve, returncode=0):
+def _record(mode, repeat, train_s, curve, returncode=0, epoch_ends=None):
     rank0 = {"rank": 0, "train_s": train_s, "curve": curve}
+    if epoch_ends is not None:
+        rank0["epoch_ends"] = epoch_ends
     return {"scenario": "s", "what": "test", "mode": mode, "repeat": repeat, "commit": "c", "quotas": [1, 1],
+            "epochs": 3,
             "machine": {"cpus": 2, "cpu": "x"}, "returncode": returncode, "job_wall_s": train_s + 10,
             "ranks": [rank0, {"rank": 1}]}
 
@@ -33,9 +36,9 @@ def test_speedups_pair_each_repeat_with_horovods_and_failed_runs_are_named(tmp_p
     is named."""
     day = tmp_path / "2026-01-01"
     day.mkdir()
-    runs = [_record("horovod", 1, 100.0, [(50.0, 0.5, 1.0), (90.0, 0.92, 0.3)]),
+    runs = [_record("horovod", 1, 100.0, [(50.0, 0.5, 1.0), (90.0, 0.92, 0.3)], epoch_ends=[40.0, 70.0, 100.0]),
             _record("horovod", 2, 60.0, [(30.0, 0.91, 0.3)]),
-            _record("esync", 1, 50.0, [(20.0, 0.95, 0.2)]),
+            _record("esync", 1, 50.0, [(20.0, 0.95, 0.2)], epoch_ends=[20.0, 35.0, 50.0]),
             _record("esync", 2, 40.0, [(12.0, 0.93, 0.2)]),
             _record("esync", 3, 1.0, [(1.0, 0.99, 0.1)], returncode=1)]
     for rec in runs:
@@ -46,5 +49,8 @@ def test_speedups_pair_each_repeat_with_horovods_and_failed_runs_are_named(tmp_p
     assert rows["esync"]["ttt"] == [20.0, 12.0]
     assert rows["esync"]["ttt_speedup"] == [4.5, 2.5]      # 90/20 and 30/12
     assert rows["esync"]["runs"] == 2 and rows["esync"]["failed"] == 1
+    # the steady state: from the first epoch's end to the last's (no first trace); a run without epoch ends has none
+    assert rows["esync"]["steady"] == [30.0, None] and rows["esync"]["steady_speedup"] == [2.0, None]
     text = tables.table("s", loaded["s"], target=0.9)
-    assert "| `esync` (1 failed) | 45.0 (40.0-50.0) | 1.75x (1.50x-2.00x) |" in text, text
+    assert "| `esync` (1 failed) | 45.0 (40.0-50.0) | 1.75x (1.50x-2.00x) | 30.0 | 2.00x |" in text, text
+    assert "| epochs 2-3, s |" in text, text
