@@ -115,6 +115,13 @@ def partial_allreduce(tensors, mode="solo", name="partial_allreduce", seed=0, ti
                          info[4], contributors, info[5], info[6])
 
 
+def partial_discard(name):
+    """Drops what this rank's partial allreduce ``name`` holds but has not returned yet: the results of rounds since
+    its last call (``late="accumulate"``) and its deposit that no round took (e.g. after a consensus average that
+    already contains them).  Local; no-op for an unknown name."""
+    _lib.hetsync_partial_discard(collective=name)
+
+
 def partial_drain(name, like):
     """What this rank's partial allreduce ``name`` holds but has not returned -- the round results since its last
     call (late="accumulate": all of them; "latest": the newest, if not yet returned) plus its undelivered deposit --

@@ -97,7 +97,7 @@ def _layer(module):
         return 2, "training"
     if module == "hetsync.keras" or module.startswith("hetsync.callbacks"):
         return 3, "Keras and loop front ends"
-    if module in ("hetsync", "hetsync.optimizer", "hetsync.observe"):
+    if module in ("hetsync", "hetsync.optimizer", "hetsync.observe", "hetsync.saving"):
         return 4, "public API"
     return None
 

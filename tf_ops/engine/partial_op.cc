@@ -102,6 +102,16 @@ bool PartialAllreduceOp::Progress(EngineContext& ctx) {
   return Error(Code::kDeadlineExceeded, why);
 }
 
+void PartialDiscardOp::Start(EngineContext& ctx) {
+  PartialSchedule* s = ctx.partial.Find(name_);
+  if (s && s->call_in_flight) {
+    Finish(Status::Error(Code::kFailedPrecondition, "partial allreduce '" + name_ + "' has a call in flight"));
+    return;
+  }
+  if (s) s->Discard();
+  Finish(Status::OK());
+}
+
 void PartialDrainOp::Start(EngineContext& ctx) {
   deadline_ = Clock::now() +
               std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(ctx.default_timeout));

@@ -47,6 +47,19 @@ class PartialAllreduceOp : public Operation {
   Clock::time_point deadline_;
 };
 
+// Forgets what this rank's schedule `name` holds but has not returned: the accumulated results of rounds since its
+// last call and its undelivered deposit (e.g. ESync after a consensus average, which already contains them).
+class PartialDiscardOp : public Operation {
+ public:
+  PartialDiscardOp(std::string name, Callback cb) : Operation(std::move(cb)), name_(std::move(name)) {}
+  const char* Name() const override { return "PartialDiscard"; }
+  void Start(EngineContext& ctx) override;
+  bool Progress(EngineContext&) override { return true; }
+
+ private:
+  std::string name_;
+};
+
 // A live switch leaves eager-SGD (hetsync/switching.py): once the schedule `name` runs no round on this rank, what
 // it holds but has not returned -- round results since its last call and its undelivered deposit -- is copied to
 // `out` and forgotten, for the caller to apply locally (so no gradient is lost at a switch, none applied twice).

@@ -111,7 +111,7 @@ class PartialSchedule {
   // first call ran with the initiator's; such a result is never returned to a call: it waits for the next round).
   bool ResultMatchesLocal() const { return result_spec_ == spec_; }
   void MarkConsumed() { consumed_round_ = result_round_; }
-  void Discard();  // accumulated results and the undelivered deposit are dropped (PartialDrainOp, after copying)
+  void Discard();  // PartialDiscardOp: accumulated results and the undelivered deposit are dropped
   // PartialDrainOp: `out` (`bytes`, spec dtype) = the results this rank has not returned (accumulate: every round
   // since its last call; latest: the newest, if unconsumed) + its undelivered deposit; then Discard().
   void Drain(void* out, size_t bytes);

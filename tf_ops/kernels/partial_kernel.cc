@@ -164,6 +164,31 @@ class PartialAllreduceKernel : public AsyncOpKernel {
 
 REGISTER_KERNEL_BUILDER(Name("HetsyncPartialAllreduce").Device(tensorflow::DEVICE_CPU), PartialAllreduceKernel);
 
+REGISTER_OP("HetsyncPartialDiscard")
+    .Attr("collective: string")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext*) { return tensorflow::OkStatus(); })
+    .Doc("Drops what this rank's partial allreduce `collective` holds but has not returned (engine/partial_op.h).");
+
+class PartialDiscardKernel : public AsyncOpKernel {
+ public:
+  explicit PartialDiscardKernel(OpKernelConstruction* c) : AsyncOpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("collective", &name_));
+  }
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    auto op = std::make_shared<PartialDiscardOp>(name_, [ctx, done](const Status& s) {
+      ctx->SetStatus(ToTf(s));
+      done();
+    });
+    Status st = Engine::Get().Enqueue(op);
+    OP_REQUIRES_ASYNC(ctx, st.ok, ToTf(st), done);
+  }
+
+ private:
+  std::string name_;
+};
+REGISTER_KERNEL_BUILDER(Name("HetsyncPartialDiscard").Device(tensorflow::DEVICE_CPU), PartialDiscardKernel);
+
 REGISTER_OP("HetsyncPartialDrain")
     .Attr("T: {float, double}")
     .Attr("N: int >= 1")
