@@ -10,8 +10,9 @@ loop (a second ``job_steps`` over the same model and optimizer) ranks 0 and 3 st
 * one model on every rank after ``finish()`` (checksums allgathered);
 * modes whose ranks step at their own pace ("own", "rounds"): the loop's budget is the job's: without stops the
   ranks together trained exactly sum(N_r) batches ("own"; ESync's last round may overshoot by its local
-  iterations), the slow rank fewer than every fast rank; with stops, the ranks still training took more than their
-  own N_r;
+  iterations), the slow rank fewer than every fast rank (in ripples-smart, eager-solo and hop after the fast ranks'
+  head start of HEAD_START steps, which the slow rank waits for: its disadvantage is made, not left to the
+  machine's scheduling); with stops, the ranks still training took more than their own N_r;
 * lockstep modes: every rank yielded max(N_r) batches (idle ones past its own), so every gradient allreduce paired;
   with stops, every rank left at the same batch;
 * every mode trained: its final loss (on 300 training images) is within LOSS_RATIO of allreduce's in the same job
@@ -21,7 +22,9 @@ Prints OK rank=R.
 import hashlib
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -41,6 +44,9 @@ OPTIONS = {"hop": {"max_ig": 12, "backup_workers": 1, "skip": 10, "skip_trigger"
 # Modes in which a fast rank runs ahead of a slow one (the others group or schedule it with the slow rank: Ripples'
 # static schedule, a random GG, eager-SGD's majority wait for it often enough to keep the counts close).
 DECOUPLED = ("ripples-smart", "eager-solo", "hop", "esync")
+# ... of which those whose fast ranks never wait for the slow one within HEAD_START steps get the head start
+# (ESync's rounds aggregate every rank's model: its fast ranks' local steps per round follow the measured speeds)
+HEAD_STARTED, HEAD_START = ("ripples-smart", "eager-solo", "hop"), 8
 # The final loss of every mode's first loop: at most LOSS_RATIO x allreduce's (its lockstep baseline, first in the
 # job) and under LOSS_CAP.  Measured on 2 loaded cores: allreduce 0.311 (and od-sgd: the same steps), the others
 # 0.36-0.55 (hop the highest, 1.8x allreduce's); an untrained model is at 2.30, a diverged one far above.
@@ -80,7 +86,27 @@ def prepare(mode):
     return model, opt, loss, training_step
 
 
-def one_loop(prepared, x, y, own, budget, tag):
+class HeadStart:
+    """The fast ranks' head start in a decoupled mode: the slow rank takes its second step only once every fast
+    rank has taken HEAD_START steps (each says so with a file in ``where``; bounded: 60 s).  Its disadvantage is
+    then made, not left to the machine's scheduling (a fast rank starved of CPU -- rank 0 also serves the
+    coordinator -- once took fewer steps than the 5x slower rank).  HEAD_START < Hop's max_ig here: Hop's staleness
+    bound never makes a fast rank wait for the slow one before it has its head start."""
+
+    def __init__(self, where, tag, rank, size):
+        self.where, self.tag, self.rank, self.size = where, tag, rank, size
+
+    def after_step(self, done):
+        if self.rank != SLOW and done == HEAD_START:
+            open(os.path.join(self.where, f"{self.tag}-{self.rank}"), "w").close()
+        elif self.rank == SLOW and done == 1:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not all(
+                    os.path.exists(os.path.join(self.where, f"{self.tag}-{r}")) for r in range(self.size) if r != SLOW):
+                time.sleep(0.01)
+
+
+def one_loop(prepared, x, y, own, budget, tag, head_start=None):
     model, opt, loss, training_step = prepared
     rank = hvd.rank()
     dataset = without_autotune(tf.data.Dataset.from_tensor_slices((x, y)).repeat().shuffle(500, seed=rank).batch(32))
@@ -90,6 +116,8 @@ def one_loop(prepared, x, y, own, budget, tag):
     for batch, (images, labels) in enumerate(steps):
         time.sleep(delay)
         losses.append(float(training_step(images, labels, batch == 0)))
+        if head_start is not None:
+            head_start.after_step(batch + 1)
         if budget is not None and time.monotonic() - t0 > budget:
             steps.stop()
     trained = steps.finish()
@@ -118,13 +146,15 @@ def main():
         else:
             raise AssertionError(f"job_steps accepted sync={mode!r}")
     modes = [m for m in modes if not algorithms._REGISTRY[m].NO_CUSTOM_LOOPS]
+    where = hvd.broadcast_object(tempfile.mkdtemp(prefix="hetsync-loops-") if rank == 0 else None, name="loops.dir")
     owns = [30 - 3 * r for r in range(size)]
     own = owns[rank]
     results, finals = {}, {}
     for i, mode in enumerate(modes):
         stepping = algorithms._REGISTRY[mode].STEPPING
         prepared = prepare(mode)
-        trained, yielded, counts, final = one_loop(prepared, x, y, own, None, f"{i}.a")
+        head_start = HeadStart(where, f"{i}.a", rank, size) if mode in HEAD_STARTED else None
+        trained, yielded, counts, final = one_loop(prepared, x, y, own, None, f"{i}.a", head_start)
         total = sum(c[0] for c in counts)
         if stepping == "own":  # (the loop's first train step is every rank's: at most size - 1 more)
             assert sum(owns) <= total <= sum(owns) + size - 1, (mode, counts, sum(owns))
@@ -158,6 +188,8 @@ def main():
     assert all(final < bound for final in finals.values()), f"final losses {finals}, bound {bound:.3f}"
     stats = hetsync.ops.engine_stats()
     assert stats["failed"] == 0, stats
+    if rank == 0:
+        shutil.rmtree(where, ignore_errors=True)  # (every rank is past its last loop's finish(), a collective)
     hetsync.shutdown()
     print(f"OK rank={rank} {json.dumps({m: r[2] for m, r in results.items()})}", flush=True)
 
