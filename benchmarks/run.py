@@ -124,6 +124,8 @@ def main(argv=None):
     p.add_argument("--scenarios", default="slow-node", help=f"comma list of {', '.join(SCENARIOS)}")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--first-repeat", type=int, default=1,
+                   help="number of the first repeat: a later session adds repeats 4, 5, ... beside stored ones")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--job-timeout", type=float, default=900)
@@ -133,7 +135,8 @@ def main(argv=None):
     unknown = [s for s in scenarios if s not in SCENARIOS]
     if unknown:
         p.error(f"unknown scenario(s) {unknown}; known: {', '.join(SCENARIOS)}")
-    jobs = [(s, m, k) for s in scenarios for k in range(1, args.repeats + 1) for m in modes]
+    first = args.first_repeat
+    jobs = [(s, m, k) for s in scenarios for k in range(first, first + args.repeats) for m in modes]
     progress = Progress(len(jobs), estimate_s=90)
     for scenario in scenarios:
         quotas = Quotas(len(SCENARIOS[scenario]["quotas"]))
