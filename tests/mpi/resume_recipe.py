@@ -80,6 +80,9 @@ def one_mode(mode, rank, where):
     hvd_tf.broadcast_object(0, name=f"resume.saved.{mode}")  # rank 0's checkpoint is on disk
 
     last = path.format(epoch=2)
+    # "restarted": a new process starts with Keras' fresh state, layer-name counters included (rank 0 loads, the
+    # others build: Keras names their layers differently, which Horovod's collectives here do not depend on)
+    tf.keras.backend.clear_session()
     if rank == 0:  # Horovod's recipe: rank 0 loads, the others build; the first batch's broadcast aligns them
         model = hetsync.load_model(last, sync=mode)
         reference = tf.keras.models.load_model(last)
@@ -120,6 +123,10 @@ def one_mode(mode, rank, where):
     assert after < UNTRAINED, (mode, before, after)  # (own-pace modes may lose a little in one epoch: not checked)
     print(f"resume rank={rank} {mode}: saved at step {saved_iterations}, held-out loss {before:.3f} -> {after:.3f}",
           flush=True)
+    # rank 0 made more Keras layers than the others (the loaded model and the reference): every rank leaves with
+    # the same fresh Keras state, or a later script's Horovod collectives, named after its layers, would differ
+    # between ranks and hang (seen: the next script's DistributedGradientTape stalled)
+    tf.keras.backend.clear_session()
 
 
 def main():
