@@ -76,11 +76,27 @@ def run_mpi(np_, script, *args, timeout=240, env=None, launcher="mpirun"):
         cmd = ["mpirun", "-np", str(np_), "--oversubscribe", "--bind-to", "none"]
     cmd += [sys.executable, os.path.join(ROOT, script), *map(str, args)]
     try:
-        return subprocess.run(cmd, cwd=ROOT, env=env or mpi_env(), stdout=subprocess.PIPE,
+        proc = subprocess.run(cmd, cwd=ROOT, env=env or mpi_env(), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        keep_log(script, out)
         pytest.fail(f"{' '.join(cmd)} did not finish within {timeout}s:\n{out[-6000:]}")
+    keep_log(script, proc.stdout)
+    return proc
+
+
+def keep_log(script, text):
+    """With ``HETSYNC_TEST_JOB_LOGS=<dir>``, every job's whole output is kept there (a run_together job's output
+    has each script's time: where a job's minutes go)."""
+    where = os.environ.get("HETSYNC_TEST_JOB_LOGS")
+    if not where:
+        return
+    os.makedirs(where, exist_ok=True)
+    name = os.path.basename(script).removesuffix(".py")
+    index = len([f for f in os.listdir(where) if f.startswith(name + "-")])
+    with open(os.path.join(where, f"{name}-{index}.log"), "w", encoding="utf-8") as out:
+        out.write(text or "")
 
 
 def assert_ok(proc, np_):

@@ -89,8 +89,8 @@ def test_horovod_example_with_a_slow_rank_and_user_collectives(mode, dropin_job)
     stepping = algorithms._REGISTRY[mode].STEPPING if mode != "auto" else None
     if stepping == "lockstep":  # ... synchronous modes: N train steps per rank per epoch, as Horovod
         assert steps == [epochs * 40] * 4, steps
-    elif stepping == "own":  # ... the job's N x size train steps per epoch, shared by speed (iterations: Horovod's
-        assert abs(sum(steps) - epochs * 40 * 4) <= 8, steps  # first-batch broadcast sets rank 0's count everywhere)
+    elif stepping == "own":  # ... the job's N x size train steps per epoch, shared by speed (iterations: a
+        assert abs(sum(steps) - epochs * 40 * 4) <= 8, steps  # broadcast after a first step would copy rank 0's)
     else:  # ESync (auto: allreduce, then esync from a step mid-epoch, counting the epoch's earlier steps): the
         # round that reaches the epoch's count completes
         assert epochs * 40 * 4 - 8 <= sum(steps) <= epochs * (40 * 4 + 4 * 16), steps

@@ -24,13 +24,12 @@ from hetsync.algorithms import available_modes
 
 @pytest.fixture(scope="module")
 def job():
-    """The six scripts one after another in one 4-rank job (tests/mpi/together.py).  The custom loops run last:
+    """The five scripts one after another in one 4-rank job (tests/mpi/together.py).  The custom loops run last:
     after them, a later script's fit hangs past its agreed stop (a known fault of a second hetsync.init() in one
     process after job_steps with per-rank stops, docs/limitations.md)."""
     runs = [["front-doors", "tests/mpi/front_doors.py"], ["bare-loops", "tests/mpi/bare_loops.py"],
             ["long-epoch", "tests/mpi/long_epoch.py"],
-            ["model-matrix", "tests/mpi/model_matrix.py", "quick"], ["resume", "tests/mpi/resume_recipe.py"],
-            ["custom-loops", "tests/mpi/custom_loops.py"]]
+            ["model-matrix", "tests/mpi/model_matrix.py", "quick"], ["custom-loops", "tests/mpi/custom_loops.py"]]
     proc = run_together(4, runs, timeout=1200, env=mpi_env(HETSYNC_TIMEOUT=60))
     assert "stall" not in proc.stdout.lower(), proc.stdout[-6000:]
     return proc
@@ -70,13 +69,17 @@ def test_real_models_and_optimizers_in_every_mode(job):
     assert job.stdout.count("local var ok (one fit)") == len(available_modes()), job.stdout[-4000:]
 
 
-def test_horovods_resume_recipe_with_hetsync_load_model(job):
-    """Horovod's resume recipe (rank 0 loads the last full-model checkpoint, the others build; the first batch's
-    broadcast; ``fit(initial_epoch=...)``) with ``hetsync.load_model``: the loaded optimizer is a hetsync optimizer
-    of the mode holding exactly the weights, ``iterations`` and slots Keras' own loading gives, and every rank goes
-    on from the saved step count to one model (tests/mpi/resume_recipe.py; docs/resume.md)."""
-    assert_passed(job, "resume", 4)
-    assert job.stdout.count("saved at step") == 4 * 4, job.stdout[-4000:]
+@pytest.mark.full
+def test_horovods_resume_recipe_with_hetsync_load_model_on_4_ranks():
+    """`make test-full`: Horovod's resume recipe (rank 0 loads the last full-model checkpoint, the others build;
+    ``fit(initial_epoch=...)``) with ``hetsync.load_model`` on 4 ranks, in one process per rank across both runs:
+    the loaded optimizer is a hetsync optimizer of the mode holding exactly the weights, ``iterations`` and slots
+    Keras' own loading gives, every rank begins from them and goes on from the saved step count to one model, and
+    the resumed epoch lowers the held-out loss (tests/mpi/resume_recipe.py; docs/resume.md).  `make test` checks the
+    same in every mode, across a killed job and its restart, on 2 ranks (tests/test_resume.py)."""
+    proc = run_together(4, [["resume", "tests/mpi/resume_recipe.py"]], timeout=600, env=mpi_env(HETSYNC_TIMEOUT=60))
+    assert_passed(proc, "resume", 4)
+    assert proc.stdout.count("saved at step") == 4 * 4, proc.stdout[-4000:]
 
 
 @pytest.mark.full

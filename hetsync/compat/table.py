@@ -129,8 +129,11 @@ ROWS = [
     _ignored_kwarg("scale_local_gradients"),
     # -- Horovod's Keras callbacks --------------------------------------------------------------------------------
     Row("BroadcastGlobalVariablesCallback", "callback", "`hvd.callbacks.BroadcastGlobalVariablesCallback(0)`",
-        {"*": ok("rank 0's weights at the first batch; it may run while peers are in an exchange (no deadlock)",
-                 "matrix"), "auto": ok("as in the modes it switches between", "dropin")}),
+        {"*": ok("the root's model and optimizer state on every rank before the first step (paired by position: a "
+                 "loaded optimizer's variable names differ), so no mode averages a checkpoint with fresh weights; "
+                 "the callback's own first-batch broadcast then has nothing left to do (a model built only by its "
+                 "first step: the callback broadcasts at the first batch's end, while peers may be in an exchange, "
+                 "without deadlock); on some ranks only: a ValueError on every rank", "matrix"), "auto": ok("as in the modes it switches between", "dropin")}),
     Row("MetricAverageCallback", "callback", "`hvd.callbacks.MetricAverageCallback()`",
         {"*": ok("averages the epoch's metrics at the epoch end (a point every rank reaches)", "matrix"),
          "auto": ok("as in the modes it switches between", "dropin")}),

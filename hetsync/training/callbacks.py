@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from hetsync import _runtime, marks, switching
 from hetsync.switching import key_of
-from hetsync.training import front_door, hooks, options
+from hetsync.training import front_door, hooks, initial_state, options
 
 
 def _hvd():
@@ -56,6 +56,8 @@ class SyncPoints(tf.keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         state = self.state
         state.model = self.model
+        if state.broadcast_from is not None:  # before anything reads the weights (every rank: the roots agreed)
+            initial_state.broadcast_before_first_step(self.model, state.broadcast_from)
         state.begin_fit()
         # Per-train-step callbacks (hetsync.testing.SlowdownCallback / EmulatedComputeCallback) run inside the step: the state
         # machine calls them, or, in modes whose Keras step is several local iterations (ESync), the mode does.

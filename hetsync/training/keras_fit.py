@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from hetsync import _runtime, compat, marks
 from hetsync.algorithms._wrap import build_slots
-from hetsync.training import front_door, options, report
+from hetsync.training import front_door, initial_state, options, report
 from hetsync.training.callbacks import StopVote, SyncPoints
 from hetsync.training.job_epochs import JobEpochs
 from hetsync.training.rank_state import RankState
@@ -113,8 +113,9 @@ def _prepare(model, args, kwargs, algorithm):
     refusal = compat.fit_problem(model, compat.fit_modes(family, algorithm, user),
                                  auto=family is not None and bool(family.auto))
     per_execution = compat.steps_per_execution(model)
+    broadcast = initial_state.broadcast_callback(user)
     rows = options.gather("steps_per_epoch", [-3 if bad else (own if own is not None else -1), report_ms,
-                                              1 if refusal else 0, per_execution])
+                                              1 if refusal else 0, per_execution, initial_state.root_of(broadcast)])
     steps = [row[0] for row in rows]
     if -3 in steps:  # raised on every rank, after the gather, so no rank is left waiting in a collective
         wrong = [r for r, s in enumerate(steps) if s == -3]
@@ -126,6 +127,7 @@ def _prepare(model, args, kwargs, algorithm):
     if refusing:
         raise ValueError(f"fit refused on rank(s) {refusing}: their model or compile settings are not supported by "
                          "the sync mode (their error names it; docs/compatibility.md)")
+    initial_state.check_roots([row[4] for row in rows])
     if any(row[3] != 1 for row in rows) and len(set(steps)) > 1:
         raise ValueError(f"steps_per_execution={per_execution if per_execution > 0 else 'auto'} needs the same "
                          f"steps_per_epoch on every rank (sync='allreduce'), got {steps}: pass equal shards, or "
@@ -149,6 +151,7 @@ def _prepare(model, args, kwargs, algorithm):
         if own < longest and (algorithm.STEPPING == "lockstep" or not state.job_epochs):
             state.own_steps = own  # per-rank epochs: this rank's batches past its own count are idle steps
     state.report = report.ReportFeed.agreed([row[1] for row in rows])
+    state.broadcast_from = broadcast
     head = SyncPoints(state, user, plan)
     arguments["callbacks"] = [head] + user + [StopVote(head)]
     return arguments

@@ -60,6 +60,7 @@ class RankState:
         self.clock = StepClock()
         self.after_step = None    # called after the first Keras step (sync="auto": pretrace)
         self.report = None        # training/report.py ReportFeed, when any rank has a HeterogeneityReportCallback
+        self.broadcast_from = None  # the user's Horovod broadcast callback, honoured at fit start (initial_state.py)
 
     # -- the state (training/lifecycle.py) --------------------------------------------------------------------------
     @property

@@ -1,8 +1,9 @@
 """Run under mpirun -np 2: bad input that needs the other ranks to be seen (README "Bad input").
 
     bad_input.py ranks     different sync modes on the two ranks, then an option invalid on rank 1 only: each
-                           raises the same ValueError on every rank (no rank left in a collective); then a correct
-                           DistributedOptimizer and a short fit work in the same job.  Prints OK rank=R.
+                           raises the same ValueError on every rank (no rank left in a collective), as does a fit
+                           with Horovod's broadcast callback on rank 0 only; then a correct DistributedOptimizer and
+                           a short fit work in the same job.  Prints OK rank=R.
     bad_input.py absent    HETSYNC_TIMEOUT=5, sync="ripples-smart": rank 1 sits in a callback for 120 s after its
                            first step (a hung user callback) while rank 0 trains on and asks for a switch.  Rank 0
                            reaches the switch and raises a RuntimeError naming rank 1 within the timeout (the job
@@ -45,7 +46,15 @@ def ranks():
            sync="eager-solo", timeout="5" if rank == 1 else 5.0)
     model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
     model.compile(hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.01), sync="ripples-smart"), loss="mse")
-    hetsync.keras.fit(model, data(), steps_per_epoch=5, epochs=2, verbose=0)
+    one_sided = [hvd.callbacks.BroadcastGlobalVariablesCallback(0)] if rank == 0 else []
+    try:
+        hetsync.keras.fit(model, data(), steps_per_epoch=5, epochs=2, verbose=0, callbacks=one_sided)
+        raise AssertionError(f"rank {rank}: a broadcast callback on rank 0 only was accepted")
+    except ValueError as exc:
+        assert "BroadcastGlobalVariablesCallback is passed on ranks [0] with roots [0], but every rank must pass it " \
+               "with the same root_rank" in str(exc), f"rank {rank}: {exc!s}"
+    hetsync.keras.fit(model, data(), steps_per_epoch=5, epochs=2, verbose=0,
+                      callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
     print(f"OK rank={rank}", flush=True)
 
 

@@ -38,6 +38,7 @@ import tensorflow as tf  # noqa: E402
 import hetsync  # noqa: E402
 from hetsync import algorithms  # noqa: E402
 from common import digit_images, without_autotune  # noqa: E402
+import rank_files  # noqa: E402
 
 SLOW, FACTOR, COMPUTE = 3, 5, 0.01
 OPTIONS = {"hop": {"max_ig": 12, "backup_workers": 1, "skip": 10, "skip_trigger": 2}}
@@ -98,12 +99,9 @@ class HeadStart:
 
     def after_step(self, done):
         if self.rank != SLOW and done == HEAD_START:
-            open(os.path.join(self.where, f"{self.tag}-{self.rank}"), "w").close()
+            rank_files.mark(self.where, f"{self.tag}-{self.rank}")
         elif self.rank == SLOW and done == 1:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and not all(
-                    os.path.exists(os.path.join(self.where, f"{self.tag}-{r}")) for r in range(self.size) if r != SLOW):
-                time.sleep(0.01)
+            rank_files.wait_for(self.where, [f"{self.tag}-{r}" for r in range(self.size) if r != SLOW], timeout=60)
 
 
 def one_loop(prepared, x, y, own, budget, tag, head_start=None):

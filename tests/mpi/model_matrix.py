@@ -149,7 +149,7 @@ def subclassed_batchnorm_mixed_on_finite_shards(mode, x, y):
         assert np.abs(model.bn.moving_mean.numpy()).max() > 0, (mode, "moving statistics never updated")
         trained = hvd_tf.allgather_object(int(model.optimizer.iterations.numpy()), name=f"matrix.it.{next(_TAGS)}")
         if hetsync.marks.algorithm_of(again).STEPPING == "own":
-            # (iterations: Horovod's first-batch broadcast copies rank 0's count to every rank, a few off at most)
+            # (iterations: a broadcast after a first step would copy rank 0's count to every rank: a few off at most)
             assert abs(sum(trained) - EPOCHS * 52) <= 8, (mode, trained)
     finally:
         tf.keras.mixed_precision.set_global_policy("float32")

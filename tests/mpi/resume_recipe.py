@@ -8,11 +8,12 @@ Per mode (argument: modes, default allreduce, ripples-smart, esync, balanced), a
    hetsync optimizer of that mode, and its weights, ``iterations`` and every slot are the values Keras' own
    loading gives (``tf.keras.models.load_model`` of the same file, the reference), not fresh ones.
 3. ``fit(initial_epoch=2, epochs=3)`` with ``BroadcastGlobalVariablesCallback(0)``: every rank continues from the
-   checkpoint -- in a lockstep mode every rank's ``iterations`` is the saved count plus the epoch's steps (Horovod's
+   checkpoint -- in a lockstep mode every rank's ``iterations`` is the saved count plus the epoch's steps (the
    broadcast handed rank 0's optimizer state to the others) -- and ends with one model.  Checked on the way: at the
    resumed fit's first batch rank 0 still holds exactly the loaded weights (nothing of hetsync's fit start reset or
-   averaged them with the other ranks' fresh ones), and at its second batch every rank holds the same weights and
-   optimizer variables (slots and step count: Horovod's broadcast reached them).
+   averaged them with the other ranks' fresh ones), and every rank begins that batch with those weights and
+   optimizer variables (slots and step count: the training layer honours the broadcast callback before the first
+   step).  The held-out loss after the resumed epoch is below the checkpoint's.
 Also: ``hetsync.load_model`` without ``sync`` is a TypeError naming it.  Prints OK rank=R.
 """
 import os
@@ -55,14 +56,12 @@ def build(mode):
 
 
 class Probe(tf.keras.callbacks.Callback):
-    """The model at the resumed fit's first batch (before any step) and, at its second, the model and the
-    optimizer's variables (after Horovod's first-batch broadcast)."""
+    """The model and the optimizer's variables at the resumed fit's first batch, before any step."""
 
     def on_train_batch_begin(self, batch, logs=None):
         if batch == 0:
             self.first = flat(self.model.weights)
-        elif batch == 1:
-            self.second = flat(self.model.weights) + flat(self.model.optimizer.variables)
+            self.state = self.first + flat(self.model.optimizer.variables)
 
 
 def flat(variables):
@@ -83,7 +82,7 @@ def one_mode(mode, rank, where):
     # "restarted": a new process starts with Keras' fresh state, layer-name counters included (rank 0 loads, the
     # others build: Keras names their layers differently, which Horovod's collectives here do not depend on)
     tf.keras.backend.clear_session()
-    if rank == 0:  # Horovod's recipe: rank 0 loads, the others build; the first batch's broadcast aligns them
+    if rank == 0:  # Horovod's recipe: rank 0 loads, the others build; the callback's broadcast aligns them
         model = hetsync.load_model(last, sync=mode)
         reference = tf.keras.models.load_model(last)
         assert hetsync.marks.is_hetsync(model.optimizer), type(model.optimizer).__mro__
@@ -108,19 +107,24 @@ def one_mode(mode, rank, where):
     if rank == 0:  # nothing of hetsync's fit start replaced or averaged the loaded model before its first step
         for got, want in zip(probe.first, loaded):
             np.testing.assert_array_equal(got, want)
-    # after the first batch's broadcast every rank holds rank 0's model and optimizer state (slots and step count)
-    second = hvd_tf.allgather_object(np.concatenate([v.ravel() for v in probe.second]), name=f"resume.b1.{mode}")
-    assert all(np.array_equal(second[0], v) for v in second), f"{mode}: the broadcast left the ranks' states apart"
+    # ... and every rank starts the first step from it, model and optimizer state (slots, step count): the
+    # training layer honours Horovod's broadcast callback before the first step (a mode averaging models inside
+    # that step would otherwise mix the checkpoint with the other ranks' fresh weights, and the batch-end
+    # broadcast would hand everyone the mixture)
+    first = hvd_tf.allgather_object(np.concatenate([v.ravel() for v in probe.state]), name=f"resume.b0.{mode}")
+    assert all(np.array_equal(first[0], v) for v in first), f"{mode}: the ranks began the resumed fit apart"
     iterations = hvd_tf.allgather_object(int(model.optimizer.iterations.numpy()), name=f"resume.it.{mode}")
     if algorithms._REGISTRY[mode].STEPPING == "lockstep":
         assert iterations == [saved_iterations + STEPS] * hvd.size(), (mode, saved_iterations, iterations)
-    else:  # own pace: every rank continued from the saved count (the first batch's broadcast), none from 0
+    else:  # own pace: every rank continued from the saved count (the broadcast), none from 0
         assert min(iterations) >= saved_iterations, (mode, saved_iterations, iterations)
     weights = np.concatenate([w.ravel() for w in flat(model.weights)])
     every = hvd_tf.allgather_object(weights, name=f"resume.w.{mode}")
     assert all(np.array_equal(every[0], w) for w in every), f"{mode}: the ranks ended with different models"
     after = float(model.evaluate(*held_out, verbose=0))
-    assert after < UNTRAINED, (mode, before, after)  # (own-pace modes may lose a little in one epoch: not checked)
+    # one more epoch from the checkpoint lowers the held-out loss in every mode (measured: by 0.09-0.13; an ESync
+    # whose first round averaged the checkpoint with three fresh models raised it, 0.53 -> 0.57-0.60)
+    assert after < min(before, UNTRAINED), (mode, before, after)
     print(f"resume rank={rank} {mode}: saved at step {saved_iterations}, held-out loss {before:.3f} -> {after:.3f}",
           flush=True)
     # rank 0 made more Keras layers than the others (the loaded model and the reference): every rank leaves with

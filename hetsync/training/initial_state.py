@@ -1,0 +1,89 @@
+"""The user's ``hvd.callbacks.BroadcastGlobalVariablesCallback(root)``, honoured before the fit's first step.
+
+Horovod's callback broadcasts rank ``root``'s model and optimizer variables at the end of the first batch: in
+plain Horovod the first step only averages gradients computed at different weights, and the broadcast then makes
+the ranks one model.  In a mode that averages *models* inside a step (Ripples' P-Reduce, Hop's neighbours, ESync's
+w_t at a fit's first round) that first step would already have mixed the root's weights -- a checkpoint loaded on
+rank 0 (Horovod's resume recipe) -- with the other ranks' fresh initialisations, and the batch-end broadcast would
+then hand everyone the mixture.  So when every rank passes the callback, the training layer broadcasts the same
+variables from the same root at ``on_train_begin``, before any step, and sets the callback's own
+``broadcast_done`` once the optimizer's variables went too: its broadcast at the first batch's end would repeat the
+same values, and pairs its collectives by variable name -- a loaded optimizer's (Keras names a loaded Adam's slots
+``m/dense/kernel``) differ from a built one's (``Adam/m/dense/kernel``), and Horovod then waits forever: plain
+Horovod's resume recipe (``hvd.load_model`` on rank 0) hangs there under TensorFlow 2.15.  The training layer's
+broadcast pairs variables by position.
+
+A model that is not built yet on some rank (no variables before its first step) is left to Horovod's callback
+alone: there is nothing to broadcast before the step that creates the variables.  When only the optimizer's variables
+differ between ranks (not built alike), the model's are broadcast and Horovod's callback still runs at the first
+batch's end.
+"""
+import logging
+
+from hetsync.training import options
+
+log = logging.getLogger("hetsync.training")
+
+
+def _horovod_callback_class():
+    from horovod._keras.callbacks import BroadcastGlobalVariablesCallbackImpl
+
+    return BroadcastGlobalVariablesCallbackImpl
+
+
+def broadcast_callback(user_callbacks):
+    """The user's Horovod broadcast callback that has not broadcast yet, or None."""
+    cls = _horovod_callback_class()
+    found = [cb for cb in user_callbacks if isinstance(cb, cls) and not cb.broadcast_done]
+    return found[0] if found else None
+
+
+def root_of(callback):
+    """The callback's root rank (-1: none), a column of fit's agreement across ranks."""
+    return -1 if callback is None else int(callback.root_rank)
+
+
+def check_roots(roots):
+    """Every rank passes the callback with the same root, or none does: raised on every rank before any
+    collective could hang (Horovod's own callback would wait forever for the ranks that lack it)."""
+    if len(set(roots)) == 1:
+        return
+    have = [r for r, root in enumerate(roots) if root >= 0]
+    raise ValueError(f"BroadcastGlobalVariablesCallback is passed on ranks {have} with roots "
+                     f"{[roots[r] for r in have]}, but every rank must pass it with the same root_rank "
+                     f"(ranks without it: {[r for r, root in enumerate(roots) if root < 0]})")
+
+
+def _optimizer_variables(optimizer):
+    found = optimizer.variables
+    return list(found() if callable(found) else found)
+
+
+def broadcast_before_first_step(model, callback):
+    """Collective when every rank agreed on a root (check_roots): rank ``root``'s model variables (those the
+    callback does not hold local) and, when every rank has built them alike, its optimizer variables (step count
+    and slots), before the fit's first step.  Returns what was broadcast: "model+optimizer", "model" or None."""
+    import horovod.tensorflow as hvd
+
+    local = getattr(callback, "_local_vars", set())  # (register_local_var: kept per rank, as Horovod does)
+    model_vars = [v for v in model.variables if v.ref() not in local] if model.built else []
+    optimizer_vars = _optimizer_variables(model.optimizer) if model.built else []
+    rows = options.gather("initial_broadcast", [int(model.built), len(model_vars), len(optimizer_vars)])
+    if not all(row[0] for row in rows) or len({row[1] for row in rows}) > 1:
+        log.info("model not built alike on every rank before the first step: rank %d's variables are broadcast "
+                 "by Horovod's callback at the first batch's end only", callback.root_rank)
+        return None
+    _broadcast(hvd, model_vars, callback.root_rank, "model")
+    if len({row[2] for row in rows}) > 1 or not optimizer_vars:
+        return "model"
+    _broadcast(hvd, optimizer_vars, callback.root_rank, "optimizer")
+    callback.broadcast_done = True  # done, for everything it broadcasts: see the module's docstring
+    return "model+optimizer"
+
+
+def _broadcast(hvd, variables, root, what):
+    """Each variable from ``root``, its collective named by position, not by the variable's name: a model or an
+    optimizer loaded from a file names its variables differently from one built in the script (Keras' loaded Adam
+    slots are ``m/dense/kernel``, a built one's ``Adam/m/dense/kernel``), and Horovod pairs collectives by name."""
+    for i, v in enumerate(variables):
+        v.assign(hvd.broadcast(v.read_value(), root, name=f"hetsync.initial.{what}.{i}"))
