@@ -18,7 +18,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import horovod.tensorflow as hvd_tf  # noqa: E402
 import horovod.tensorflow.keras as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -26,6 +25,7 @@ import tensorflow as tf  # noqa: E402
 import hetsync  # noqa: E402
 from hetsync import algorithms  # noqa: E402
 from front_doors import data, model_with  # noqa: E402
+from tf2_loop import horovod_training_step  # noqa: E402
 
 # (od-sgd: the 20-step loop stays in its warm-up, Horovod's synchronous SGD, where every rank holds the same
 # model after every step; its training stage in a loop is tests/mpi/custom_loops.py's, under hetsync.job_steps)
@@ -38,18 +38,7 @@ def bare_loop(mode, rank, traced):
     model = model_with(hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.05), sync=mode,
                                                     **BARE_OPTIONS.get(mode, {})))
     opt = model.optimizer
-
-    def training_step(x, y, first_batch):
-        with tf.GradientTape() as tape:
-            loss_value = tf.reduce_mean(tf.square(model(x, training=True) - y))
-        grads = tape.gradient(loss_value, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
-        if first_batch:
-            hvd_tf.broadcast_variables(model.variables, root_rank=0)
-            hvd_tf.broadcast_variables(opt.variables(), root_rank=0)
-        return loss_value
-
-    step = tf.function(training_step) if traced else training_step
+    step = horovod_training_step(model, opt, lambda y, p: tf.reduce_mean(tf.square(p - y)), traced=traced)
     first = model.evaluate(data(100), steps=4, verbose=0)
     try:
         for batch, (x, y) in enumerate(data(rank).take(20)):

@@ -39,6 +39,7 @@ import hetsync  # noqa: E402
 from hetsync import algorithms  # noqa: E402
 from common import digit_images, without_autotune  # noqa: E402
 import rank_files  # noqa: E402
+from tf2_loop import horovod_training_step  # noqa: E402
 
 SLOW, FACTOR, COMPUTE = 3, 5, 0.01
 OPTIONS = {"hop": {"max_ig": 12, "backup_workers": 1, "skip": 10, "skip_trigger": 2}}
@@ -72,19 +73,7 @@ def prepare(mode):
                                  tf.keras.layers.Dense(10)])
     loss = tf.losses.SparseCategoricalCrossentropy(from_logits=True)
     opt = hetsync.DistributedOptimizer(tf.optimizers.Adam(0.002 * size), sync=mode, **OPTIONS.get(mode, {}))
-
-    @tf.function
-    def training_step(images, labels, first_batch):
-        with tf.GradientTape() as tape:
-            loss_value = loss(labels, model(images, training=True))
-        grads = tape.gradient(loss_value, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
-        if first_batch:
-            hvd.broadcast_variables(model.variables, root_rank=0)
-            hvd.broadcast_variables(opt.variables(), root_rank=0)
-        return loss_value
-
-    return model, opt, loss, training_step
+    return model, opt, loss, horovod_training_step(model, opt, loss)
 
 
 class HeadStart:
