@@ -31,7 +31,7 @@ import tensorflow as tf
 
 from hetsync import _runtime, algorithms, compat, marks
 from hetsync.algorithms import horovod_kwargs
-from hetsync.algorithms._wrap import build_slots
+from hetsync.algorithms._wrap import build_slots, optimizer_variables
 from hetsync.coordinator.switchboard import canonical
 from hetsync.training import front_door
 from hetsync.training.consensus import _weighted_average
@@ -178,7 +178,7 @@ def copy_optimizer_state(old, new, variables):
     """``iterations``, slots and hyper-parameter variables of ``old`` into ``new`` (same user optimizer class)."""
     build_slots(old, variables)
     build_slots(new, variables)
-    src, dst = _optimizer_variables(old), _optimizer_variables(new)
+    src, dst = optimizer_variables(old), optimizer_variables(new)
     shapes = [(tuple(v.shape), v.dtype) for v in src], [(tuple(v.shape), v.dtype) for v in dst]
     if shapes[0] != shapes[1]:
         raise RuntimeError(f"cannot carry the optimizer state over: {len(src)} variables {shapes[0][:4]}... "
@@ -195,7 +195,7 @@ def reconcile_optimizer(optimizer, name):
     value everywhere), and every float slot (momentum, Adam's moments) becomes the ranks' mean."""
     import horovod.tensorflow as hvd
 
-    variables = _optimizer_variables(optimizer)
+    variables = optimizer_variables(optimizer)
     iterations = optimizer.iterations
     floats = [v for v in variables if v.dtype.is_floating and v is not iterations]
     top = hvd.allreduce(tf.cast(iterations, tf.int64), op=hvd.Max, name=f"{name}.iterations")
@@ -205,11 +205,6 @@ def reconcile_optimizer(optimizer, name):
                                       name=f"{name}.slots")
         for v, m in zip(floats, means):
             v.assign(m)
-
-
-def _optimizer_variables(optimizer):
-    v = optimizer.variables
-    return list(v() if callable(v) else v)
 
 
 def _copy_hyper(old, new):

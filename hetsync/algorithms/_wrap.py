@@ -60,6 +60,13 @@ def build_slots(optimizer, variables):
         build_slots(inner, variables)
 
 
+def optimizer_variables(optimizer):
+    """The optimizer's variables as a list: ``variables`` is a method of legacy Keras optimizers and of Horovod's
+    wrappers, a property of the new ones."""
+    found = optimizer.variables
+    return list(found() if callable(found) else found)
+
+
 _EXCHANGE = {"listener": None}  # what hears, from the graph, that a step's exchange is over (a custom loop's driver)
 
 

@@ -3,7 +3,7 @@ Algorithm 1 line 6: round 0 starts from w_0), and so is an iteration during whic
 ``on_ready="abort"`` (§4.2) (hetsync/algorithms/esync.py)."""
 import tensorflow as tf
 
-from hetsync.algorithms._wrap import build_slots
+from hetsync.algorithms._wrap import build_slots, optimizer_variables
 
 
 def state_variables(model):
@@ -14,7 +14,7 @@ def state_variables(model):
     if inner is not None:
         optimizers.append(inner)
     build_slots(optimizers[-1], model.trainable_variables)
-    opt_vars = [v for o in optimizers for v in (o.variables() if callable(o.variables) else o.variables)]
+    opt_vars = [v for o in optimizers for v in optimizer_variables(o)]
     found, seen = [], set()
     for v in list(model.variables) + opt_vars + [v for m in model.metrics for v in m.variables]:
         if id(v) not in seen:

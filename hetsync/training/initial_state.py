@@ -20,6 +20,7 @@ batch's end.
 """
 import logging
 
+from hetsync.algorithms._wrap import optimizer_variables
 from hetsync.training import options
 
 log = logging.getLogger("hetsync.training")
@@ -54,11 +55,6 @@ def check_roots(roots):
                      f"(ranks without it: {[r for r, root in enumerate(roots) if root < 0]})")
 
 
-def _optimizer_variables(optimizer):
-    found = optimizer.variables
-    return list(found() if callable(found) else found)
-
-
 def broadcast_before_first_step(model, callback):
     """Collective when every rank agreed on a root (check_roots): rank ``root``'s model variables (those the
     callback does not hold local) and, when every rank has built them alike, its optimizer variables (step count
@@ -67,7 +63,7 @@ def broadcast_before_first_step(model, callback):
 
     local = getattr(callback, "_local_vars", set())  # (register_local_var: kept per rank, as Horovod does)
     model_vars = [v for v in model.variables if v.ref() not in local] if model.built else []
-    optimizer_vars = _optimizer_variables(model.optimizer) if model.built else []
+    optimizer_vars = optimizer_variables(model.optimizer) if model.built else []
     rows = options.gather("initial_broadcast", [int(model.built), len(model_vars), len(optimizer_vars)])
     if not all(row[0] for row in rows) or len({row[1] for row in rows}) > 1:
         log.info("model not built alike on every rank before the first step: rank %d's variables are broadcast "
