@@ -6,14 +6,19 @@
                                       digest of its slots and of the weights, ``saved-<epoch>.json``).  Rank 1 is
                                       SIGKILLed during epoch 3 (batch 2, once the epoch-2 checkpoint is on disk) and
                                       prints the time.time() of its death: the job must end by itself.
-    kill_resume.py resume DIR MODES   Per mode, the same script restarted: rank 0 finds the last checkpoint and
-                                      broadcasts its epoch (Horovod's ``resume_from_epoch``), loads it with
+    kill_resume.py resume DIR MODES KILLED
+                                      Per mode, an uninterrupted 4-epoch run of the same seed and data order, then
+                                      the same script restarted: rank 0 finds the last checkpoint and broadcasts
+                                      its epoch (Horovod's ``resume_from_epoch``), loads it with
                                       ``hetsync.load_model(path, sync=MODE)`` -- ``iterations``, slots and weights
                                       bit for bit what was saved -- and ``fit(initial_epoch=...)`` finishes to epoch
                                       4 (every rank's first step begins from the checkpoint's weights and
-                                      optimizer state); then an uninterrupted 4-epoch run of the same seed and data
-                                      order.  Rank 0 prints one ``RESULT {json}`` line per mode: both runs'
-                                      accuracies and final weights' digests, and the step counts.
+                                      optimizer state).  The modes in KILLED (comma list) resume from their killed
+                                      job's checkpoint; the others from the uninterrupted run's epoch-2 checkpoint
+                                      (the same recipe, ``ModelCheckpoint`` and the note on rank 0; it saves every
+                                      epoch, and the restart takes the one a kill in epoch 3 would have left last).
+                                      Rank 0 prints one ``RESULT {json}`` line per mode: both runs' accuracies and
+                                      final weights' digests, the step counts and where the checkpoint came from.
 
 Also: ``hetsync.load_model`` without ``sync`` is a TypeError naming it.  The test (tests/test_resume.py) asserts
 on what these print: the job's end, the step counts, the accuracies and final weights.
@@ -121,30 +126,35 @@ class FirstBatch(tf.keras.callbacks.Callback):
             self.state = (digest(self.model.weights), digest(optimizer_variables(self.model)))
 
 
+def checkpointing(where, mode):
+    """Horovod's recipe: the whole model saved by rank 0 at each epoch end, and rank 0's note of what it holds."""
+    if hvd.rank() != 0:
+        return []
+    return [tf.keras.callbacks.ModelCheckpoint(os.path.join(where, mode + "-{epoch}.h5")), NoteSaved(where, mode)]
+
+
 def first(where, mode):
     rank, size = hvd.rank(), hvd.size()
     ds, _ = dataset(rank, size)
     model = build(mode, rank)
-    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
-    if rank == 0:
-        callbacks += [tf.keras.callbacks.ModelCheckpoint(os.path.join(where, mode + "-{epoch}.h5")),
-                      NoteSaved(where, mode)]
+    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0)] + checkpointing(where, mode)
     if rank == 1:
         callbacks.append(KillDuringEpoch3(where, mode))
     hetsync.keras.fit(model, ds, steps_per_epoch=STEPS, epochs=EPOCHS, callbacks=callbacks, verbose=0)
     raise AssertionError(f"rank {rank}: the job outlived its rank 1")
 
 
-def last_saved(where, mode):
-    """Horovod's resume_from_epoch: the last epoch whose checkpoint is complete (rank 0 decides)."""
-    done = [e for e in range(EPOCHS, 0, -1) if os.path.exists(os.path.join(where, f"{mode}-saved-{e}.json"))]
+def last_saved(where, mode, up_to):
+    """Horovod's resume_from_epoch: the last epoch whose checkpoint is complete (rank 0 decides), up to ``up_to``
+    (a killed job's directory holds nothing later than its last save; an uninterrupted run's holds every epoch)."""
+    done = [e for e in range(up_to, 0, -1) if os.path.exists(os.path.join(where, f"{mode}-saved-{e}.json"))]
     return done[0] if done else 0
 
 
-def resumed(where, mode):
+def resumed(where, mode, up_to):
     """The restarted script: Horovod's resume recipe with hetsync.load_model on rank 0."""
     rank, size = hvd.rank(), hvd.size()
-    epoch = hvd_tf.broadcast_object(last_saved(where, mode) if rank == 0 else None, name=f"kr.epoch.{mode}")
+    epoch = hvd_tf.broadcast_object(last_saved(where, mode, up_to) if rank == 0 else None, name=f"kr.epoch.{mode}")
     ds, (xt, yt) = dataset(rank, size, epoch)
     assert epoch == KILLED_IN - 1, f"{mode}: resuming from epoch {epoch}, not the last one saved before the kill"
     if rank == 0:
@@ -172,28 +182,32 @@ def resumed(where, mode):
     return saved_iterations, iterations, accuracy, final
 
 
-def straight(mode):
-    """The same job uninterrupted: 4 epochs from the same seed."""
+def straight(mode, where=None):
+    """The same job uninterrupted: 4 epochs from the same seed (checkpointed into ``where`` when given)."""
     rank, size = hvd.rank(), hvd.size()
     ds, (xt, yt) = dataset(rank, size)
     model = build(mode, rank)
-    hetsync.keras.fit(model, ds, steps_per_epoch=STEPS, epochs=EPOCHS, verbose=0,
-                      callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
+    callbacks += checkpointing(where, mode) if where else []
+    hetsync.keras.fit(model, ds, steps_per_epoch=STEPS, epochs=EPOCHS, verbose=0, callbacks=callbacks)
     accuracy = float(model.evaluate(xt, yt, verbose=0)[1])
     final = digest(model.weights)
     tf.keras.backend.clear_session()
     return accuracy, final
 
 
-def resume_all(where, modes):
+def resume_all(where, modes, killed):
+    """Per mode, the uninterrupted run, then the restart: from the killed job's checkpoint (a mode in ``killed``), else
+    from the uninterrupted run's epoch-2 checkpoint, the last one a kill in epoch 3 would have left."""
     for mode in modes:
-        saved_iterations, iterations, accuracy, final = resumed(where, mode)
-        reference, reference_final = straight(mode)
+        reference, reference_final = straight(mode, None if mode in killed else where)
+        up_to = EPOCHS if mode in killed else KILLED_IN - 1
+        saved_iterations, iterations, accuracy, final = resumed(where, mode, up_to)
         if hvd.rank() == 0:
             print("RESULT " + json.dumps({"mode": mode, "saved_iterations": saved_iterations,
                                           "iterations": iterations, "resumed": accuracy, "straight": reference,
-                                          "resumed_weights": final, "straight_weights": reference_final}),
-                  flush=True)
+                                          "resumed_weights": final, "straight_weights": reference_final,
+                                          "from": "killed" if mode in killed else "uninterrupted"}), flush=True)
 
 
 def main():
@@ -208,7 +222,7 @@ def main():
             raise AssertionError("load_model without sync= was accepted")
         except TypeError as exc:
             assert "sync" in str(exc), exc
-        resume_all(where, sys.argv[3].split(","))
+        resume_all(where, sys.argv[3].split(","), [m for m in sys.argv[4].split(",") if m])
     hetsync.shutdown()
     print(f"OK rank={hvd.rank()}", flush=True)
 
