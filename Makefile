@@ -29,7 +29,7 @@ test: install
 test-full: install
 	$(PYTEST) tests
 
-# The 2-host job alone (it is part of `test` too): scripts/cluster.sh's emulated cluster, root.
+X
 test-cluster: install
 	$(PY) -m pytest -q -p no:cacheprovider tests/test_cluster.py
 

@@ -6,6 +6,11 @@
                                       digest of its slots and of the weights, ``saved-<epoch>.json``).  Rank 1 is
                                       SIGKILLed during epoch 3 (batch 2, once the epoch-2 checkpoint is on disk) and
                                       prints the time.time() of its death: the job must end by itself.
+    kill_resume.py first-host DIR MODE
+                                      The same, across 2 hosts (scripts/cluster.sh): the second host's ranks stop
+                                      during epoch 3 (batch 2, once the epoch-2 checkpoint is on disk), one of them
+                                      writes ``<MODE>-kill-host`` in DIR, and the test kills every process on that
+                                      host (tests/test_cluster.py).
     kill_resume.py resume DIR MODES KILLED
                                       Per mode, an uninterrupted 4-epoch run of the same seed and data order, then
                                       the same script restarted: rank 0 finds the last checkpoint and broadcasts
@@ -118,6 +123,26 @@ class KillDuringEpoch3(tf.keras.callbacks.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class HostDiesDuringEpoch3(tf.keras.callbacks.Callback):
+    """The second host's ranks, at epoch 3's batch 2 once rank 0 has saved epoch 2: its first rank asks the test to
+    kill the host (a marker file), and both wait there to be killed (bounded: 120 s, then the job fails)."""
+
+    def __init__(self, where, mode):
+        super().__init__()
+        self.where, self.mode, self.epoch = where, mode, 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.epoch == KILLED_IN - 1 and batch == 2:
+            rank_files.wait_for(self.where, [f"{self.mode}-saved-{KILLED_IN - 1}.json"], timeout=60)
+            if hvd.local_rank() == 0:
+                rank_files.mark(self.where, f"{self.mode}-kill-host")
+            time.sleep(120)
+            raise AssertionError(f"rank {hvd.rank()}: the host was not killed within 120 s")
+
+
 class FirstBatch(tf.keras.callbacks.Callback):
     """The weights and optimizer state (step count, slots) every rank begins the resumed fit's first step with."""
 
@@ -133,15 +158,18 @@ def checkpointing(where, mode):
     return [tf.keras.callbacks.ModelCheckpoint(os.path.join(where, mode + "-{epoch}.h5")), NoteSaved(where, mode)]
 
 
-def first(where, mode):
+def first(where, mode, host=False):
+    """Trains until killed: rank 1 by itself, or (``host``) every rank of the second host by the test."""
     rank, size = hvd.rank(), hvd.size()
     ds, _ = dataset(rank, size)
     model = build(mode, rank)
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0)] + checkpointing(where, mode)
-    if rank == 1:
+    if host and hvd.cross_rank() == 1:
+        callbacks.append(HostDiesDuringEpoch3(where, mode))
+    elif not host and rank == 1:
         callbacks.append(KillDuringEpoch3(where, mode))
     hetsync.keras.fit(model, ds, steps_per_epoch=STEPS, epochs=EPOCHS, callbacks=callbacks, verbose=0)
-    raise AssertionError(f"rank {rank}: the job outlived its rank 1")
+    raise AssertionError(f"rank {rank}: the job outlived its killed {'host' if host else 'rank 1'}")
 
 
 def last_saved(where, mode, up_to):
@@ -214,8 +242,8 @@ def main():
     hvd.init()
     hetsync.init()
     phase, where = sys.argv[1], sys.argv[2]
-    if phase == "first":
-        first(where, sys.argv[3])
+    if phase in ("first", "first-host"):
+        first(where, sys.argv[3], host=phase == "first-host")
     else:
         try:
             hetsync.load_model(os.path.join(where, "unused.h5"))
