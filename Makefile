@@ -29,7 +29,8 @@ test: install
 test-full: install
 	$(PYTEST) tests
 
-X
+# tests/test_cluster.py alone on scripts/cluster.sh's emulated cluster (root): the 2-host job (part of `test` too)
+# and the killed host (part of `test-full`).
 test-cluster: install
 	$(PY) -m pytest -q -p no:cacheprovider tests/test_cluster.py
 
