@@ -106,41 +106,29 @@ class NoteSaved(tf.keras.callbacks.Callback):
         os.replace(path + ".tmp", path)  # whole or absent: the marker rank 1 waits for
 
 
-class KillDuringEpoch3(tf.keras.callbacks.Callback):
-    """Rank 1 dies by SIGKILL at epoch 3's batch 2, once rank 0 has saved epoch 2 (a made order, not a raced one)."""
+class DiesDuringEpoch3(tf.keras.callbacks.Callback):
+    """At epoch 3's batch 2, once rank 0 has saved epoch 2 (a made order, not a raced one), this rank dies: by its
+    own SIGKILL (rank 1), or (``host``) by the test's, which kills every process of the second host once that
+    host's first rank asks for it with a marker file (its ranks wait there; bounded: 120 s, then the job fails)."""
 
-    def __init__(self, where, mode):
+    def __init__(self, where, mode, host):
         super().__init__()
-        self.where, self.mode, self.epoch = where, mode, 0
+        self.where, self.mode, self.host, self.epoch = where, mode, host, 0
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
 
     def on_train_batch_begin(self, batch, logs=None):
-        if self.epoch == KILLED_IN - 1 and batch == 2:
-            rank_files.wait_for(self.where, [f"{self.mode}-saved-{KILLED_IN - 1}.json"], timeout=60)
-            print(f"KILLED rank=1 at {time.time():.3f}", flush=True)
+        if self.epoch != KILLED_IN - 1 or batch != 2:
+            return
+        rank_files.wait_for(self.where, [f"{self.mode}-saved-{KILLED_IN - 1}.json"], timeout=60)
+        if not self.host:
+            print(f"KILLED rank={hvd.rank()} at {time.time():.3f}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
-
-
-class HostDiesDuringEpoch3(tf.keras.callbacks.Callback):
-    """The second host's ranks, at epoch 3's batch 2 once rank 0 has saved epoch 2: its first rank asks the test to
-    kill the host (a marker file), and both wait there to be killed (bounded: 120 s, then the job fails)."""
-
-    def __init__(self, where, mode):
-        super().__init__()
-        self.where, self.mode, self.epoch = where, mode, 0
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.epoch = epoch
-
-    def on_train_batch_begin(self, batch, logs=None):
-        if self.epoch == KILLED_IN - 1 and batch == 2:
-            rank_files.wait_for(self.where, [f"{self.mode}-saved-{KILLED_IN - 1}.json"], timeout=60)
-            if hvd.local_rank() == 0:
-                rank_files.mark(self.where, f"{self.mode}-kill-host")
-            time.sleep(120)
-            raise AssertionError(f"rank {hvd.rank()}: the host was not killed within 120 s")
+        if hvd.local_rank() == 0:
+            rank_files.mark(self.where, f"{self.mode}-kill-host")
+        time.sleep(120)
+        raise AssertionError(f"rank {hvd.rank()}: the host was not killed within 120 s")
 
 
 class FirstBatch(tf.keras.callbacks.Callback):
@@ -164,10 +152,8 @@ def first(where, mode, host=False):
     ds, _ = dataset(rank, size)
     model = build(mode, rank)
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0)] + checkpointing(where, mode)
-    if host and hvd.cross_rank() == 1:
-        callbacks.append(HostDiesDuringEpoch3(where, mode))
-    elif not host and rank == 1:
-        callbacks.append(KillDuringEpoch3(where, mode))
+    if (hvd.cross_rank() == 1) if host else (rank == 1):
+        callbacks.append(DiesDuringEpoch3(where, mode, host))
     hetsync.keras.fit(model, ds, steps_per_epoch=STEPS, epochs=EPOCHS, callbacks=callbacks, verbose=0)
     raise AssertionError(f"rank {rank}: the job outlived its killed {'host' if host else 'rank 1'}")
 
