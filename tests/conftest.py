@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -87,6 +88,17 @@ def run_mpi(np_, script, *args, timeout=240, env=None, launcher="mpirun"):
         pytest.fail(f"{' '.join(cmd)} did not finish within {timeout}s:\n{out[-6000:]}")
     keep_log(script, proc.stdout)
     return proc
+
+
+def leftovers(tag, grace=10.0):
+    """Processes whose command line names this test's directory, after up to ``grace`` seconds for the launcher's
+    last signals to land."""
+    deadline = time.monotonic() + grace
+    while True:
+        found = subprocess.run(["pgrep", "-f", tag], stdout=subprocess.PIPE, text=True).stdout.split()
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
 
 
 def keep_log(script, text):

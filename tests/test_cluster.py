@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from conftest import MPI_ENV, ROOT, assert_ok, mpi_env
+from conftest import MPI_ENV, ROOT, assert_ok, leftovers, mpi_env
 
 CLUSTER = os.path.join(ROOT, "scripts", "cluster.sh")
 
@@ -86,8 +86,8 @@ def test_a_killed_host_ends_the_job_and_the_restart_resumes(cluster, tmp_path):
     print(f"the job ended {after:.1f} s after host h2 died, exit {job.returncode}")
     assert job.returncode != 0, out[-4000:]
     assert after < 30, f"the job ended {after:.1f} s after host h2 died"
-    time.sleep(2)  # (the launcher's last signals)
-    left = subprocess.run(["pgrep", "-f", str(tmp_path)], stdout=subprocess.PIPE, text=True).stdout.split()
+    time.sleep(2)  # (the daemons' last exits: host_pids below has no grace of its own)
+    left = leftovers(str(tmp_path))
     assert not left and not host_pids("h1") and not host_pids("h2"), (left, host_pids("h1"), host_pids("h2"))
 
     proc = subprocess.run(across_hosts("tests/mpi/kill_resume.py", "resume", tmp_path, mode, mode), cwd=ROOT,

@@ -11,11 +11,10 @@ epoch 3 leaves last).  The same job restarts custom loops (``hetsync.job_steps``
 """
 import json
 import re
-import subprocess
 import time
 
 import pytest
-from conftest import assert_passed, run_mpi, run_together
+from conftest import assert_passed, leftovers, run_mpi, run_together
 
 from hetsync import algorithms
 from hetsync.algorithms import available_modes
@@ -30,17 +29,6 @@ LOOP_MODES = ("allreduce", "ripples-smart")  # lockstep; P-Reduce, own pace
 NOISE = 0.03  # accuracy: the own-pace modes' run-to-run spread here, with margin (see the test)
 # Killed in `make test`: a mode per kind of state a dead rank leaves its peers in (the others: `make test-full`)
 KILLED = ("ripples-smart", "eager-solo", "esync")
-
-
-def leftovers(tag, grace=10.0):
-    """Processes whose command line names this test's directory, after up to ``grace`` seconds for the launcher's
-    last signals to land."""
-    deadline = time.monotonic() + grace
-    while True:
-        found = subprocess.run(["pgrep", "-f", tag], stdout=subprocess.PIPE, text=True).stdout.split()
-        if not found or time.monotonic() > deadline:
-            return found
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")

@@ -48,6 +48,7 @@ import tensorflow as tf  # noqa: E402
 import hetsync  # noqa: E402
 import hetsync.keras  # noqa: E402
 import hetsync.marks  # noqa: E402
+from hetsync.algorithms._wrap import optimizer_variables  # noqa: E402
 from common import digits, without_autotune  # noqa: E402
 import rank_files  # noqa: E402
 
@@ -85,11 +86,6 @@ def digest(variables):
     return h.hexdigest()[:16]
 
 
-def optimizer_variables(model):
-    found = model.optimizer.variables
-    return list(found() if callable(found) else found)
-
-
 class NoteSaved(tf.keras.callbacks.Callback):
     """Rank 0, after ModelCheckpoint in the list: what the epoch's checkpoint holds, then a marker for rank 1."""
 
@@ -99,7 +95,7 @@ class NoteSaved(tf.keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         note = {"iterations": int(self.model.optimizer.iterations.numpy()),
-                "optimizer": digest(optimizer_variables(self.model)), "weights": digest(self.model.weights)}
+                "optimizer": digest(optimizer_variables(self.model.optimizer)), "weights": digest(self.model.weights)}
         path = os.path.join(self.where, f"{self.mode}-saved-{epoch + 1}.json")
         with open(path + ".tmp", "w") as out:
             json.dump(note, out)
@@ -136,7 +132,7 @@ class FirstBatch(tf.keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         if batch == 0 and not hasattr(self, "state"):
-            self.state = (digest(self.model.weights), digest(optimizer_variables(self.model)))
+            self.state = (digest(self.model.weights), digest(optimizer_variables(self.model.optimizer)))
 
 
 def checkpointing(where, mode):
@@ -176,7 +172,7 @@ def resumed(where, mode, up_to):
         note = json.load(open(os.path.join(where, f"{mode}-saved-{epoch}.json")))
         assert hetsync.marks.is_hetsync(model.optimizer) and hetsync.current_mode(model) == mode, mode
         loaded = {"iterations": int(model.optimizer.iterations.numpy()),
-                  "optimizer": digest(optimizer_variables(model)), "weights": digest(model.weights)}
+                  "optimizer": digest(optimizer_variables(model.optimizer)), "weights": digest(model.weights)}
         assert loaded == note, f"{mode}: loaded {loaded}, saved {note}"  # bit for bit
         saved_iterations = note["iterations"]
     else:

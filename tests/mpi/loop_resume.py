@@ -30,6 +30,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hetsync  # noqa: E402
+from hetsync.algorithms._wrap import optimizer_variables  # noqa: E402
 from common import digits, without_autotune  # noqa: E402
 from tf2_loop import horovod_training_step  # noqa: E402
 
@@ -72,8 +73,7 @@ def phase(model, opt, training_step, index, probe=None):
 
 
 def optimizer_state(opt):
-    found = opt.variables
-    return digest(found() if callable(found) else found)
+    return digest(optimizer_variables(opt))
 
 
 def one_mode(mode, where):
