@@ -56,7 +56,9 @@ def pytest_sessionfinish(session, exitstatus):
 
 @pytest.fixture(scope="session")
 def user_env():
-    """The directory whose ``env/`` is a fresh environment with only TensorFlow and Horovod (tests/user_env.py)."""
+    """The directory whose ``env/`` is a fresh environment with TensorFlow and Horovod, then hetsync's documented
+    build requirements and scikit-learn, and whose ``before.json`` is its ``pip list`` before those two
+    (tests/user_env.py)."""
     proc, where = _USER_ENV["proc"], _USER_ENV["dir"]
     assert proc is not None, "the user environment was not started (pytest_collection_finish)"
     rc = proc.wait(timeout=900)
