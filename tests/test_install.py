@@ -34,7 +34,11 @@ def _run(cmd, cwd, env=None, timeout=600):
 
 def _freeze(python, cwd):
     """{distribution: version} of the environment (pip list: also a wheel installed from a file has a version)."""
-    out = _run([python, "-m", "pip", "list", "--format=json"], cwd)
+    return _listing(_run([python, "-m", "pip", "list", "--format=json"], cwd))
+
+
+def _listing(out):
+    """{distribution: version} from ``pip list --format=json`` output (anything pip printed before the JSON)."""
     return {d["name"].lower(): d["version"] for d in json.loads(out[out.index("["):])}
 
 
@@ -45,8 +49,7 @@ def test_pip_install_into_an_environment_with_only_tensorflow_and_horovod(user_e
     pip = [python, "-m", "pip", "install", "-q"]
     # the user's environment before anything else was installed, then after the documented build requirements and
     # the example's scikit-learn (both installed by tests/user_env.py, in the background)
-    listing = (pathlib.Path(user_env) / "before.json").read_text()
-    before = {d["name"].lower(): d["version"] for d in json.loads(listing[listing.index("["):])}
+    before = _listing((pathlib.Path(user_env) / "before.json").read_text())
     assert before["tensorflow-cpu"] == tf.__version__ and before["horovod"] == horovod.__version__
     ready = _freeze(python, tmp_path)
     assert {"grpcio-tools", "scikit-learn"} <= set(ready) - set(before), sorted(set(ready) - set(before))

@@ -4,8 +4,8 @@ A fresh virtual environment in DIR/env holding only TensorFlow (pip, at this mac
 requirements/runtime.txt as constraints) and Horovod (the wheel scripts/install.sh built and cached, then Horovod's
 own dependencies); pip does not byte-compile them, one import of TensorFlow and Horovod does, for what it imports.
 That is the user's environment: its ``pip list`` is written to DIR/before.json.  Then the two installs that come
-before hetsync's own and that the test does not check anything of beyond what ``pip list`` shows: the documented
-build requirements (README, docs/install.md) and scikit-learn (the quickstart example's data).
+before hetsync's own (the test sees them only through ``pip list``): the documented build requirements (README,
+docs/install.md) and scikit-learn (the quickstart example's data).
 
 tests/conftest.py starts it in the background when test_install.py is collected, so the two minutes of unpacking
 overlap the tests before it; the test waits for it, then installs hetsync.  Exit status 0 when the environment is
