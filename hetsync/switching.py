@@ -237,6 +237,7 @@ def pretrace(sync_points, iterator):
             continue
         entry = family.entry(mode, options)  # wrapped, not activated: no coordinator service is touched
         build_slots(entry.optimizer, model.trainable_variables)
+        entry.algorithm.build(model.trainable_variables)
         model.optimizer = entry.optimizer
         try:
             entry.train_function = model.make_train_function(force=True)
@@ -333,6 +334,7 @@ def perform(sync_points, mode, options, reason, decision_id=None):
     traced_here = entry.train_function is None
     if traced_here:
         model.train_function = None
+        new.build(model.trainable_variables)
         entry.train_function = model.make_train_function(force=True)
     else:
         model.train_function = entry.train_function

@@ -110,6 +110,12 @@ class SyncAlgorithm:
         """Returns a Keras optimizer that trains with this method."""
         raise NotImplementedError
 
+    def build(self, variables):
+        """Creates this mode's own per-variable state for ``variables`` (the model's trainable ones), outside any
+        tf.function, before fit traces its first step (hetsync/training/keras_fit.py, a switch into the mode): a
+        ``tf.function`` whose first trace creates variables is traced twice, so state left to the trace doubles the
+        first step's tracing on every rank.  Default: nothing (the mode keeps no such state)."""
+
     def before_update(self, grads, variables):
         """``EXCHANGES_GRADIENTS``, graph code in the train step: this step's gradients (dense, None ones left out)
         of ``variables`` in, the gradients the local update applies out (the exchanged ones)."""

@@ -40,6 +40,8 @@ def fit(model, args, kwargs):
     if model.train_function is not None and not hasattr(model.train_function, "_hetsync_inner"):
         model.train_function = None  # a refused plain fit's: its failed first trace cannot make variables again
     _build_before_trace(model, arguments.get("x"))
+    if model.built:  # the mode's own per-variable state, also before the first trace (SyncAlgorithm.build)
+        algorithm.build(model.trainable_variables)
     front_door.entering("fit")
     try:
         return model.fit(**arguments)
