@@ -58,7 +58,8 @@ SCENARIOS = {
     "homogeneous": dict(quotas=[FAST] * 4, what="four equal ranks"),
     "8-workers": dict(quotas=[FAST / 2] * 7 + [SLOW / 2], what="8 ranks, one 5x slower"),
 }
-MODES = ["horovod", "allreduce", "balanced", "ripples-smart", "eager-solo", "hop", "esync", "od-sgd"]
+MODES = ["horovod", "allreduce", "balanced", "ripples-static", "ripples-random", "ripples-smart", "eager-solo",
+         "eager-majority", "hop", "esync", "od-sgd", "auto"]  # plain Horovod, then every hetsync mode
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMPI_MCA_mpi_yield_when_idle": "1",
            "OMPI_MCA_btl_vader_single_copy_mechanism": "none", "TF_CPP_MIN_LOG_LEVEL": "2",
