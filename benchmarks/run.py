@@ -12,7 +12,8 @@ before the next repeat begins, so a drift of the machine spreads over all of the
 One JSON per run goes to ``--out`` (default ``benchmarks/results/<date>/``): the scenario, mode, repeat, commit,
 command, machine, quotas (and the quota changes as applied), the job's wall time (launch to exit, the driver's
 clock) and every rank's own record (training time from fit's on_train_begin to on_train_end, fit's return, train
-steps, rank 0's accuracy curve).  benchmarks/tables.py makes the README's tables from them.  Prints [i/N] and an ETA.
+steps, rank 0's accuracy curve); with ``--thread-cpu``, each rank's CPU seconds per thread.  benchmarks/tables.py
+makes the README's tables from them.  Prints [i/N] and an ETA.
 """
 import argparse
 import datetime
@@ -90,6 +91,9 @@ def run_one(scenario, mode, repeat, args, quotas, out):
     cmd = ["horovodrun", "--mpi", "-np", str(n), "-H", f"localhost:{n}", "sh", os.path.join(HERE, "in_cgroup.sh"),
            sys.executable, os.path.join(HERE, "keras_example.py"), "--sync", mode, "--epochs", str(args.epochs),
            "--steps", str(args.steps), "--out", work]
+    if args.thread_cpu:  # every rank's threads sampled from /proc (benchmarks/thread_cpu.py), stored with the run
+        cmd = [sys.executable, os.path.join(HERE, "thread_cpu.py"), "--per-rank", "--json",
+               os.path.join(work, "threads.json"), "--"] + cmd
     env = dict(os.environ, **MPI_ENV, HETSYNC_BENCH_CGROUP=quotas.path,
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     quotas.set(spec["quotas"])
@@ -105,6 +109,8 @@ def run_one(scenario, mode, repeat, args, quotas, out):
     for r in range(n):
         path = os.path.join(work, f"rank{r}.json")
         ranks.append(json.load(open(path)) if os.path.exists(path) else None)
+    threads = os.path.join(work, "threads.json")
+    thread_cpu = json.load(open(threads)) if os.path.exists(threads) else None
     shutil.rmtree(work, ignore_errors=True)
     record = {"scenario": scenario, "what": spec["what"], "mode": mode, "repeat": repeat, "commit": commit(),
               "epochs": args.epochs, "steps": args.steps,
@@ -112,6 +118,8 @@ def run_one(scenario, mode, repeat, args, quotas, out):
               "command": " ".join(cmd), "machine": machine(), "quotas": spec["quotas"],
               "quota_changes": schedule.applied, "returncode": proc.returncode, "job_wall_s": round(wall, 2),
               "ranks": ranks}
+    if thread_cpu is not None:
+        record["thread_cpu"] = thread_cpu
     if proc.returncode != 0 or None in ranks:
         record["output_tail"] = proc.stdout[-4000:]
     os.makedirs(out, exist_ok=True)
@@ -130,6 +138,9 @@ def main(argv=None):
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--job-timeout", type=float, default=900)
+    p.add_argument("--thread-cpu", action="store_true",
+                   help="also store each rank's CPU seconds per thread (TensorFlow's, Horovod's, hetsync-engine): "
+                        "where a slow rank's quota goes")
     p.add_argument("--out", default=os.path.join(HERE, "results", datetime.date.today().isoformat()))
     args = p.parse_args(argv)
     scenarios, modes = args.scenarios.split(","), args.modes.split(",")

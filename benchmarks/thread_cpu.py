@@ -2,11 +2,18 @@
 (user and system time), prints the totals per name at the end (``main``: each process's main thread).
 
     python benchmarks/thread_cpu.py mpirun -np 4 ... python benchmarks/keras_example.py --sync allreduce ...
+    python benchmarks/thread_cpu.py --per-rank --json out.json -- horovodrun ...   # per MPI rank, also as JSON
+
+``--per-rank`` splits the totals by the rank Open MPI gave each process (``OMPI_COMM_WORLD_RANK``): on a slow node,
+whatever the rank's other threads use comes out of the same CPU quota as its training (benchmarks/run.py
+``--thread-cpu`` stores it with the run).
 
 What docs/engine.md's "What the progress thread costs" was measured with (the engine's thread is named
 ``hetsync-engine``).
 """
+import argparse
 import collections
+import json
 import os
 import subprocess
 import sys
@@ -33,37 +40,68 @@ def descendants(root):
     return out
 
 
+def rank_of(pid):
+    """The MPI rank Open MPI gave the process (-1: none, e.g. the launcher's own Python)."""
+    for item in open(f"/proc/{pid}/environ", "rb").read().split(b"\0"):
+        if item.startswith(b"OMPI_COMM_WORLD_RANK="):
+            return int(item.split(b"=", 1)[1])
+    return -1
+
+
 def sample(root, last):
-    """Updates ``last[(pid, tid)] = (name, user s, system s)`` for every thread of the Python processes below root."""
+    """Updates ``last[(pid, tid)] = (rank, name, user s, system s)`` for every thread of the Python processes below
+    root."""
     for pid in descendants(root):
         try:
             if "python" not in open(f"/proc/{pid}/cmdline").read():
                 continue
+            rank = rank_of(pid)
             for tid in os.listdir(f"/proc/{pid}/task"):
                 stat = open(f"/proc/{pid}/task/{tid}/stat").read()
                 name = "main" if tid == str(pid) else stat[stat.index("(") + 1:stat.rindex(")")]
                 fields = stat.rsplit(")", 1)[1].split()
-                last[(pid, tid)] = (name, int(fields[11]) / HZ, int(fields[12]) / HZ)
+                last[(pid, tid)] = (rank, name, int(fields[11]) / HZ, int(fields[12]) / HZ)
         except OSError:  # the process or thread ended meanwhile: its last sample stands
             continue
 
 
-def main(argv):
-    last = {}
-    proc = subprocess.Popen(argv)
-    while proc.poll() is None:
-        sample(proc.pid, last)
-        time.sleep(0.3)
-    totals = collections.defaultdict(lambda: [0.0, 0.0, 0])
-    for name, user, system in last.values():
-        t = totals[name]
+def totals(last, per_rank):
+    """{(rank or None, thread name): [user s, system s, threads]}."""
+    out = collections.defaultdict(lambda: [0.0, 0.0, 0])
+    for rank, name, user, system in last.values():
+        t = out[(rank if per_rank else None, name)]
         t[0] += user
         t[1] += system
         t[2] += 1
-    print("thread                user     sys  count", file=sys.stderr)
-    for name, (user, system, count) in sorted(totals.items(), key=lambda kv: -(kv[1][0] + kv[1][1])):
+    return out
+
+
+def main(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--per-rank", action="store_true", help="totals per MPI rank and thread name")
+    p.add_argument("--json", help="also write the totals to this file")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the job's command")
+    args = p.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        p.error("no command to run")
+    per_rank, json_out = args.per_rank, args.json
+    last = {}
+    proc = subprocess.Popen(command)
+    while proc.poll() is None:
+        sample(proc.pid, last)
+        time.sleep(0.3)
+    found = totals(last, per_rank)
+    print("rank thread                user     sys  count", file=sys.stderr)
+    for (rank, name), (user, system, count) in sorted(found.items(), key=lambda kv: (kv[0][0] or 0,
+                                                                                     -(kv[1][0] + kv[1][1]))):
         if user + system > 0.2:
-            print(f"{name:20s} {user:7.1f} {system:7.1f} {count:5d}", file=sys.stderr)
+            print(f"{'' if rank is None else rank:>4} {name:20s} {user:7.1f} {system:7.1f} {count:5d}", file=sys.stderr)
+    if json_out:
+        with open(json_out, "w") as f:
+            json.dump([{"rank": rank, "thread": name, "user_s": round(user, 2), "system_s": round(system, 2),
+                        "threads": count} for (rank, name), (user, system, count) in sorted(
+                            found.items(), key=lambda kv: (kv[0][0] or 0, kv[0][1]))], f, indent=1)
     return proc.returncode
 
 
