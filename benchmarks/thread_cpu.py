@@ -40,22 +40,24 @@ def descendants(root):
     return out
 
 
-def rank_of(pid):
-    """The MPI rank Open MPI gave the process (-1: none, e.g. the launcher's own Python)."""
-    for item in open(f"/proc/{pid}/environ", "rb").read().split(b"\0"):
-        if item.startswith(b"OMPI_COMM_WORLD_RANK="):
-            return int(item.split(b"=", 1)[1])
-    return -1
+def rank_of(pid, ranks):
+    """The MPI rank Open MPI gave the process (-1: none, e.g. the launcher's own Python), read from its environment
+    once per process (``ranks``: the cache)."""
+    if pid not in ranks:
+        found = [item for item in open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+                 if item.startswith(b"OMPI_COMM_WORLD_RANK=")]
+        ranks[pid] = int(found[0].split(b"=", 1)[1]) if found else -1
+    return ranks[pid]
 
 
-def sample(root, last):
+def sample(root, last, ranks):
     """Updates ``last[(pid, tid)] = (rank, name, user s, system s)`` for every thread of the Python processes below
     root."""
     for pid in descendants(root):
         try:
             if "python" not in open(f"/proc/{pid}/cmdline").read():
                 continue
-            rank = rank_of(pid)
+            rank = rank_of(pid, ranks)
             for tid in os.listdir(f"/proc/{pid}/task"):
                 stat = open(f"/proc/{pid}/task/{tid}/stat").read()
                 name = "main" if tid == str(pid) else stat[stat.index("(") + 1:stat.rindex(")")]
@@ -86,22 +88,21 @@ def main(argv):
     if not command:
         p.error("no command to run")
     per_rank, json_out = args.per_rank, args.json
-    last = {}
+    last, ranks = {}, {}
     proc = subprocess.Popen(command)
     while proc.poll() is None:
-        sample(proc.pid, last)
+        sample(proc.pid, last, ranks)
         time.sleep(0.3)
-    found = totals(last, per_rank)
+    # by rank, then the busiest thread first
+    rows = sorted(totals(last, per_rank).items(), key=lambda kv: (kv[0][0] or 0, -(kv[1][0] + kv[1][1])))
     print("rank thread                user     sys  count", file=sys.stderr)
-    for (rank, name), (user, system, count) in sorted(found.items(), key=lambda kv: (kv[0][0] or 0,
-                                                                                     -(kv[1][0] + kv[1][1]))):
+    for (rank, name), (user, system, count) in rows:
         if user + system > 0.2:
             print(f"{'' if rank is None else rank:>4} {name:20s} {user:7.1f} {system:7.1f} {count:5d}", file=sys.stderr)
     if json_out:
         with open(json_out, "w") as f:
             json.dump([{"rank": rank, "thread": name, "user_s": round(user, 2), "system_s": round(system, 2),
-                        "threads": count} for (rank, name), (user, system, count) in sorted(
-                            found.items(), key=lambda kv: (kv[0][0] or 0, kv[0][1]))], f, indent=1)
+                        "threads": count} for (rank, name), (user, system, count) in rows], f, indent=1)
     return proc.returncode
 
 
