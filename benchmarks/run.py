@@ -10,7 +10,8 @@ is hetsync's synchronous mode, so its overhead is a row of its own.  The modes o
 before the next repeat begins, so a drift of the machine spreads over all of them.
 
 One JSON per run goes to ``--out`` (default ``benchmarks/results/<date>/``): the scenario, mode, repeat, commit,
-command, machine, quotas (and the quota changes as applied), the job's wall time (launch to exit, the driver's
+command, machine, quotas (and the quota changes as applied), the HOROVOD_* variables the job ran with (Horovod's
+tuning knobs, such as HOROVOD_CYCLE_TIME), the job's wall time (launch to exit, the driver's
 clock) and every rank's own record (training time from fit's on_train_begin to on_train_end, fit's return, train
 steps, rank 0's accuracy curve); with ``--thread-cpu``, each rank's CPU seconds per thread.  benchmarks/tables.py
 makes the README's tables from them.  Prints [i/N] and an ETA.
@@ -117,6 +118,7 @@ def run_one(scenario, mode, repeat, args, quotas, out):
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "command": " ".join(cmd), "machine": machine(), "quotas": spec["quotas"],
               "quota_changes": schedule.applied, "returncode": proc.returncode, "job_wall_s": round(wall, 2),
+              "horovod_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("HOROVOD_")},
               "ranks": ranks}
     if thread_cpu is not None:
         record["thread_cpu"] = thread_cpu

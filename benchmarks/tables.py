@@ -4,7 +4,9 @@
     python benchmarks/tables.py --check    # exit 1 if a block differs from what the stored runs give
 
 A generated block sits between ``<!-- bench: SCENARIO -->`` and ``<!-- /bench -->``; nothing between the markers
-is written by hand.  Per mode, over the scenario's repeats: rank 0's training time (fit's on_train_begin to
+is written by hand.  A ``<!-- bench-threads: FOLDER -->`` block is made the same way from the runs stored with
+``run.py --thread-cpu`` under benchmarks/thread-profiles/FOLDER/ (a subfolder names a condition of its runs, such as
+an environment variable set for them): where each rank's CPU went, per thread.  Per mode, over the scenario's repeats: rank 0's training time (fit's on_train_begin to
 on_train_end) as median and range; the speedup against plain Horovod, per repeat (the modes of one repeat ran one
 after another) and then its median and range; rank 0's time from the end of its first epoch to the end of its
 last (the steady state: no first-step tracing in it), with the same speedup; the time until rank 0's model first reached the target accuracy on
@@ -25,6 +27,9 @@ TARGET = 0.9  # held-out accuracy of "time to target"
 PAGES = [os.path.join(ROOT, "README.md"), os.path.join(ROOT, "docs", "benchmarks.md")]
 BLOCK = re.compile(r"(<!-- bench: (?P<scenario>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- /bench -->)", re.S)
 BASELINE = "horovod"
+THREADS = re.compile(r"(<!-- bench-threads: (?P<folder>[A-Za-z0-9._-]+) -->\n)(?P<body>.*?)(<!-- /bench-threads -->)",
+                     re.S)
+OWN_THREADS = ("main", "hetsync-engine")  # named threads; everything else of the rank's process is "other"
 
 
 def load(results=os.path.join(HERE, "results")):
@@ -118,6 +123,62 @@ def table(scenario, modes, target=TARGET):
     return "\n".join(lines) + "\n"
 
 
+def thread_rows(folder):
+    """(condition, record) of every run stored under benchmarks/thread-profiles/``folder``: the condition is the
+    subfolder's name ("" for runs at the folder's top)."""
+    top = os.path.join(HERE, "thread-profiles", folder)
+    out = []
+    for path in sorted(glob.glob(os.path.join(top, "**", "*.json"), recursive=True)):
+        condition = os.path.relpath(os.path.dirname(path), top)
+        out.append(("" if condition == "." else condition, json.load(open(path))))
+    return out
+
+
+def thread_cpu(rec):
+    """{rank: {"main" | "hetsync-engine" | "other": [CPU s, of which system s]}} of a run stored with --thread-cpu."""
+    per = {}
+    for t in rec.get("thread_cpu") or []:
+        if t["rank"] is None or t["rank"] < 0:
+            continue
+        kind = t["thread"] if t["thread"] in OWN_THREADS else "other"
+        cell = per.setdefault(t["rank"], {}).setdefault(kind, [0.0, 0.0])
+        cell[0] += t["user_s"] + t["system_s"]
+        cell[1] += t["system_s"]
+    return per
+
+
+def _cpu(cells, kinds):
+    return " / ".join(f"{cells[k][0]:.1f}" if k in cells else "--" for k in kinds) + \
+        f" ({sum(c[1] for c in cells.values()):.1f})"
+
+
+def threads_table(folder):
+    """Per stored run: rank 0's epochs 2..N, and each rank kind's CPU per thread (the fast ranks' mean, the slowest
+    rank), with the system time (spinning in sched_yield shows there) in brackets."""
+    rows = thread_rows(folder)
+    if not rows:
+        return f"No stored run under benchmarks/thread-profiles/{folder} yet.\n"
+    kinds = ("main",) + OWN_THREADS[1:] + ("other",)
+    lines = ["CPU seconds per thread over the whole job: " + " / ".join(kinds) + " (of which system time).  Fast "
+             "ranks: the mean of the ranks with the largest quota; slow rank: the one with the smallest.  Commits "
+             + ", ".join(sorted({rec["commit"] for _, rec in rows})) + ".",
+             "",
+             "| scenario | mode | condition | epochs 2-N, s | fast ranks | slow rank |",
+             "|---|---|---|---|---|---|"]
+    for condition, rec in rows:
+        per, quotas = thread_cpu(rec), rec["quotas"]
+        fast = [r for r, q in enumerate(quotas) if q == max(quotas) and r in per]
+        slow = min((r for r in per), key=lambda r: (quotas[r], -r))
+        mean = {k: [sum(per[r].get(k, [0.0, 0.0])[i] for r in fast) / len(fast) for i in (0, 1)]
+                for k in kinds if any(k in per[r] for r in fast)}
+        steady = after_first_epoch(rec["ranks"][0]) if ok(rec) else None
+        env = ", ".join(f"{k}={v}" for k, v in (rec.get("horovod_env") or {}).items())
+        lines.append(f"| `{rec['scenario']}` | {'plain Horovod' if rec['mode'] == BASELINE else '`' + rec['mode'] + '`'}"
+                     f" | {condition or env or 'defaults'} | {'--' if steady is None else f'{steady:.1f}'} | "
+                     f"{_cpu(mean, kinds)} | {_cpu(per[slow], kinds)} |")
+    return "\n".join(lines) + "\n"
+
+
 def render(text, runs):
     """``text`` with every generated block rewritten from ``runs``; a block whose scenario has no stored run says so."""
     def block(m):
@@ -125,7 +186,8 @@ def render(text, runs):
         body = table(scenario, runs[scenario]) if scenario in runs else f"No stored run of `{scenario}` yet.\n"
         return m.group(1) + body + m.group(4)
 
-    return BLOCK.sub(block, text)
+    text = BLOCK.sub(block, text)
+    return THREADS.sub(lambda m: m.group(1) + threads_table(m.group("folder")) + m.group(4), text)
 
 
 def main(argv=None):

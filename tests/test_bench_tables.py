@@ -54,3 +54,25 @@ def test_speedups_pair_each_repeat_with_horovods_and_failed_runs_are_named(tmp_p
     text = tables.table("s", loaded["s"], target=0.9)
     assert "| `esync` (1 failed) | 45.0 (40.0-50.0) | 1.75x (1.50x-2.00x) | 30.0 | 2.00x |" in text, text
     assert "| epochs 2-3, s |" in text, text
+
+
+def test_thread_tables_split_each_rank_by_thread_and_tell_fast_from_slow(tmp_path, monkeypatch):
+    """The thread-CPU block: a rank's unnamed threads add up as "other", system time in brackets, the fast ranks'
+    mean against the slowest rank's own numbers; a subfolder names its runs' condition."""
+    rec = _record("eager-solo", 1, 50.0, [(20.0, 0.95, 0.2)], epoch_ends=[20.0, 35.0, 50.0])
+    rec["quotas"] = [0.45, 0.45, 0.09]
+    rec["ranks"].append({"rank": 2})
+    rec["thread_cpu"] = [{"rank": -1, "thread": "mpirun", "user_s": 9.0, "system_s": 9.0},
+                         {"rank": 0, "thread": "main", "user_s": 4.0, "system_s": 0.0},
+                         {"rank": 0, "thread": "python", "user_s": 1.0, "system_s": 5.0},
+                         {"rank": 0, "thread": "tf_data", "user_s": 2.0, "system_s": 0.0},
+                         {"rank": 1, "thread": "main", "user_s": 2.0, "system_s": 0.0},
+                         {"rank": 1, "thread": "hetsync-engine", "user_s": 1.0, "system_s": 1.0},
+                         {"rank": 2, "thread": "main", "user_s": 1.0, "system_s": 0.5}]
+    folder = tmp_path / "thread-profiles" / "day" / "some-knob"
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text(json.dumps(rec))
+    monkeypatch.setattr(tables, "HERE", str(tmp_path))
+    text = tables.threads_table("day")
+    # fast ranks 0 and 1: main (4+2)/2, engine (0+2)/2, other (6+2+0)/2; system (5+0 + 0+1+0)/2
+    assert "| `s` | `eager-solo` | some-knob | 30.0 | 3.0 / 1.0 / 4.0 (3.0) | 1.5 / -- / -- (0.5) |" in text, text
