@@ -6,11 +6,15 @@ count.  A model compiled with ``hetsync.DistributedOptimizer`` saves its optimiz
 (``Adam``, ...), so ``tf.keras.models.load_model`` gives back a plain Keras optimizer and ``hvd.load_model`` a
 Horovod one.  :func:`load_model` gives back the model compiled with ``hetsync.DistributedOptimizer(<the saved
 optimizer>, sync=..., **options)`` -- the same mode and options the script passes at its first start -- with the
-saved slots and ``iterations`` restored by Keras' own loading (docs/resume.md).
+saved slots and ``iterations`` restored by Keras' own loading (docs/resume.md).  When a live switch had changed the
+mode before the checkpoint was written, the file says so (training/saved_mode.py) and the next fit resumes in that
+mode.
 """
 import tensorflow as tf
 
+from hetsync import marks
 from hetsync.optimizer import DistributedOptimizer
+from hetsync.training import saved_mode
 
 # The Keras optimizers a saved model may name, new and legacy (Keras deserializes built-in names in lower case).
 _BUILT_IN = ("Adadelta", "Adagrad", "Adam", "Adamax", "Ftrl", "Nadam", "RMSprop", "SGD")
@@ -26,6 +30,10 @@ def load_model(filepath, *, sync, custom_optimizers=None, custom_objects=None, c
     ``custom_optimizers``: your own optimizer classes the file may name (as in Horovod); ``custom_objects``:
     anything else it names.  ``options``: the mode's options and Horovod's ``DistributedOptimizer`` keywords, as in
     ``hetsync.DistributedOptimizer``.  ``compile=False``: the model alone, to compile yourself.
+
+    A checkpoint written after a live switch (``hetsync.callbacks.SyncModeCallback``) records the mode then in
+    force: the next ``hetsync.keras.fit`` switches to it before its first step, on every rank (``sync="auto"``
+    measures again instead).  An unknown mode or option in the file is a ValueError here.
     """
     objects = dict(custom_objects or {})
     if compile:
@@ -33,7 +41,17 @@ def load_model(filepath, *, sync, custom_optimizers=None, custom_objects=None, c
             rebuild = _rebuilding(name, classes, sync, options)
             objects.setdefault(name, rebuild)
             objects.setdefault(name.lower(), rebuild)
-    return tf.keras.models.load_model(filepath, custom_objects=objects, compile=compile)
+    model = tf.keras.models.load_model(filepath, custom_objects=objects, compile=compile)
+    family = marks.family_of(getattr(model, "optimizer", None)) if compile else None
+    saved = saved_mode.read(filepath) if family is not None else None
+    if saved is not None and family.auto is None:
+        try:
+            family.validate(*saved)
+        except ValueError as e:
+            raise ValueError(f"{filepath} was saved in sync mode {saved[0]!r} with options {saved[1]}, which this "
+                             f"hetsync cannot run: {e}") from None
+        family.resumed = saved
+    return model
 
 
 def _optimizer_classes(custom_optimizers):

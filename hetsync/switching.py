@@ -120,6 +120,7 @@ class Family:
         self.local_vars = set()             # refs registered with register_local_var, shared by every mode
         self.refusals = []                  # switches every rank refused at their roll call (dicts)
         self.attempts = 0                   # roll calls so far (the same count on every rank)
+        self.resumed = None                 # (mode, options) a loaded checkpoint was saved in (saved_mode.py)
 
     # -- entries ----------------------------------------------------------------------------------------------
     def validate(self, mode, options):

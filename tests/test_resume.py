@@ -7,7 +7,8 @@ eager-SGD's partial collectives, ESync's State Server); `make test-full` in ever
 every mode's script from its last checkpoint (Horovod's ``resume_from_epoch`` recipe, ``hetsync.load_model`` on
 rank 0) and finishes to epoch 4, beside an uninterrupted 4-epoch run of the same seed and data order: a killed mode
 from its killed job's checkpoint, any other from the uninterrupted run's epoch-2 checkpoint (the one a kill in
-epoch 3 leaves last).  The same job restarts custom loops (``hetsync.job_steps``) from a ``tf.train.Checkpoint``.
+epoch 3 leaves last).  The same job restarts custom loops (``hetsync.job_steps``) from a ``tf.train.Checkpoint``,
+and resumes jobs whose mode a live switch or a schedule had changed (tests/mpi/resume_mode.py).
 """
 import json
 import re
@@ -65,7 +66,8 @@ def restarted(killed):
     where, jobs = killed
     died = sorted(m for m, after_death in jobs.items() if after_death is not None)
     proc = run_together(2, [["resume", "tests/mpi/kill_resume.py", "resume", where, ",".join(MODES), ",".join(died)],
-                            ["loop", "tests/mpi/loop_resume.py", ",".join(LOOP_MODES)]], timeout=600)
+                            ["loop", "tests/mpi/loop_resume.py", ",".join(LOOP_MODES)],
+                            ["mode", "tests/mpi/resume_mode.py", where]], timeout=600)
     return proc, died
 
 
@@ -108,3 +110,27 @@ def test_a_custom_loop_resumes_from_a_tf_train_checkpoint(restarted):
         assert min(r["iterations"]) > r["saved_iterations"], r
         if mode in DETERMINISTIC:
             assert r["resumed_weights"] == r["straight_weights"], r
+
+
+def test_a_restart_resumes_in_the_mode_a_switch_or_the_schedule_had_put_in_force(restarted):
+    """tests/mpi/resume_mode.py: a checkpoint written after a flag switch (allreduce -> ripples-smart) records
+    ripples-smart, and the restarted script (its line still says allreduce, rank 0 loads with ``hetsync.load_model``)
+    trains its first step in ripples-smart on every rank, after one switch made for the resume; a restarted script
+    whose schedule had switched at epoch 1 starts at epoch 2 in the scheduled mode; and a flag switch made in that
+    fit holds in the same process's next fit, where the schedule's epoch-1 entry is not applied again."""
+    proc, _ = restarted
+    assert_passed(proc, "mode", 2)
+    rows = {r["rank"]: r for r in (json.loads(line) for line in re.findall(r"^MODE (.*)$", proc.stdout, re.M))}
+    assert sorted(rows) == [0, 1], proc.stdout[-3000:]
+    assert rows[0]["saved"] == ["ripples-smart", {}], rows[0]
+    for rank, r in rows.items():
+        assert r["before"]["first"] == "allreduce" and r["before"]["last"] == "ripples-smart", r
+        assert [to for to, _ in r["before"]["switches"]] == ["ripples-smart"], r
+        assert r["resumed"]["first"] == "ripples-smart", r
+        assert [to for to, _ in r["resumed"]["switches"]] == ["ripples-smart"], r
+        assert r["resumed"]["switches"][0][1].startswith("resumed"), r
+        assert r["scheduled"]["first"] == "eager-solo", r
+        assert r["scheduled"]["switches"][0] == ["eager-solo", "schedule: epoch 1 (the fit starts at epoch 2)"], r
+        assert r["scheduled"]["last"] == "allreduce", r
+        assert r["next_fit"]["first"] == "allreduce", r
+        assert [to for to, _ in r["next_fit"]["switches"]] == ["eager-solo", "allreduce"], r

@@ -9,6 +9,8 @@
   which plans each fit's epochs and adds them; front_door.py -- which front door a train step came through (plain
   ``model.fit`` of a hetsync model is refused; ``hvd.DistributedGradientTape`` in a loop of an own-pace mode too).
 * options.py -- what the user's callbacks declare, and checks that every rank passed the same.
+* initial_state.py -- Horovod's broadcast callback, honoured before a fit's first step; saved_mode.py -- the mode in
+  force stamped into the user's HDF5 checkpoints, and the restarted fit's switch back to it.
 * consensus.py -- the weighted Horovod average of the models at a sync point (and ``hetsync.consensus``).
 * step_clock.py -- compute and waiting time per step (sync="auto", the report).
 * loop.py -- custom training loops: ``hetsync.job_steps``.

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from hetsync import _runtime, marks, switching
 from hetsync.switching import key_of
-from hetsync.training import front_door, hooks, initial_state, options
+from hetsync.training import front_door, hooks, initial_state, options, saved_mode
 
 
 def _hvd():
@@ -32,6 +32,8 @@ class SyncPoints(tf.keras.callbacks.Callback):
         self.epoch_plan = epoch_plan      # (job train steps, Keras steps) of each epoch
         self.switching = False            # this fit reports to the Switch Board (a SyncModeCallback callback, or auto)
         self.board = None
+        self.resumed = None               # the mode a loaded checkpoint was saved in, agreed by every rank
+        self.first_epoch = True           # the fit's first epoch (initial_epoch) has not begun yet
 
     # -- the train function -------------------------------------------------------------------------------------
     def wrap_train_function(self):
@@ -69,6 +71,8 @@ class SyncPoints(tf.keras.callbacks.Callback):
         state.adopt(state.algorithm)
         self.wrap_train_function()
         self._start_switching()
+        self.first_epoch = True
+        self.resumed = saved_mode.agree(state.family, initial_state.root_of(state.broadcast_from), state.saved_modes)
         if state.family is not None and state.family.pretrace:
             state.after_step = self._pretrace
 
@@ -100,10 +104,10 @@ class SyncPoints(tf.keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         state = self.state
-        target = self._scheduled(epoch) if state.family is not None else None
+        target, reason = self._epoch_target(epoch) if state.family is not None else (None, None)
         if target is not None:
             if key_of(*target) != state.family.current:
-                self.switch_to(target[0], target[1], f"schedule: epoch {epoch}")
+                self.switch_to(target[0], target[1], reason)
         state.begin_epoch(*(self.epoch_plan or (None, None)))
         state.synced_this_epoch = False
         if state.report is not None:
@@ -182,6 +186,26 @@ class SyncPoints(tf.keras.callbacks.Callback):
         self.state.job.rebase()
         self.state.clock.sync(time.monotonic() - began)
         return record
+
+    def _epoch_target(self, epoch):
+        """(mode, options) this epoch starts in, and why (None: the mode in force goes on).  A schedule's entry for
+        the epoch; at the fit's first epoch, without one: the mode a loaded checkpoint was saved in, else the
+        latest earlier schedule entry no fit of this process went through (a restarted script resumes at
+        ``initial_epoch`` in the mode its schedule had put in force)."""
+        first, self.first_epoch = self.first_epoch, False
+        schedules = [cb for cb in self.user_callbacks if isinstance(cb, hooks.SwitchSchedule)]
+        entry = self._scheduled(epoch)
+        missed = [m for m in (cb.missed_before(epoch) for cb in schedules) if m is not None] if first else []
+        for cb in schedules:  # from here on, a later fit of this process counts these epochs as gone through
+            cb.carried.update(e for e in cb.schedule if e <= epoch)
+        if entry is not None:
+            return entry, f"schedule: epoch {epoch}"
+        if first and self.resumed is not None:
+            return self.resumed, "resumed in the mode in force when the checkpoint was saved"
+        if missed:
+            at, target = max(missed, key=lambda m: m[0])
+            return target, f"schedule: epoch {at} (the fit starts at epoch {epoch})"
+        return None, None
 
     def _scheduled(self, epoch):
         """A SyncModeCallback schedule's entry for ``epoch`` (every rank has the same schedule: no negotiation)."""

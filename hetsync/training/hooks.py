@@ -44,6 +44,17 @@ class SwitchSchedule(tf.keras.callbacks.Callback):
     schedule = {}
     verbose = True
 
+    def __init__(self):
+        super().__init__()
+        self.carried = set()  # the schedule's epochs whose start a fit of this process went through
+
     def bind(self, sync_points):
         """At on_train_begin: the sync points of the fit this callback belongs to."""
         raise NotImplementedError
+
+    def missed_before(self, epoch):
+        """The latest schedule entry before ``epoch`` whose start no fit of this process went through, as
+        (epoch, target), or None: a script restarted at ``initial_epoch`` resumes in the mode its schedule had put
+        in force by then."""
+        missed = [e for e in self.schedule if e < epoch and e not in self.carried]
+        return (max(missed), self.schedule[max(missed)]) if missed else None

@@ -3,8 +3,9 @@
 Nothing global is replaced: the user calls this front door for a model compiled with a hetsync optimizer (plain
 ``model.fit`` of such a model is refused, training/front_door.py).  It plans the fit's epochs with the other ranks
 (one small Horovod allgather: every rank's ``steps_per_epoch``), puts :class:`~hetsync.training.callbacks.SyncPoints`
-first and :class:`~hetsync.training.callbacks.StopVote` last in the callback list, and hands Keras the same number of
-Keras steps per epoch on every rank.  Any other model is handed to its own ``fit`` unchanged.
+first and :class:`~hetsync.training.callbacks.StopVote` last in the callback list (before it,
+:class:`~hetsync.training.saved_mode.ModeStamp` stamps the user's HDF5 checkpoints with the mode in force), and
+hands Keras the same number of Keras steps per epoch on every rank.  Any other model is handed to its own ``fit`` unchanged.
 
 Epochs (README "Job epochs"): with ``steps_per_epoch = N_r`` on rank r (Horovod's convention), every rank runs
 ``max N_r`` Keras steps per epoch and the epoch is ``sum N_r`` train steps of the job.  In a mode whose ranks step
@@ -24,6 +25,8 @@ from hetsync.training import front_door, initial_state, options, report
 from hetsync.training.callbacks import StopVote, SyncPoints
 from hetsync.training.job_epochs import JobEpochs
 from hetsync.training.rank_state import RankState
+from hetsync.training import saved_mode
+from hetsync.training.saved_mode import ModeStamp
 
 log = logging.getLogger("hetsync.training")
 _STATE = {"job": None}
@@ -100,7 +103,7 @@ def _prepare(model, args, kwargs, algorithm):
     arguments = dict(inspect.signature(model.fit).bind(*args, **kwargs).arguments)
     family = marks.family_of(model.optimizer)
     job_epochs = family.job_epochs if family is not None else True
-    user = [cb for cb in (arguments.get("callbacks") or []) if not isinstance(cb, (SyncPoints, StopVote))]
+    user = [cb for cb in (arguments.get("callbacks") or []) if not isinstance(cb, (SyncPoints, ModeStamp, StopVote))]
     job = job_epochs_client()
     job.begin_fit()  # before the fit's first collective (job_clock.JobClock.resume)
     x = arguments.get("x")
@@ -117,7 +120,8 @@ def _prepare(model, args, kwargs, algorithm):
     per_execution = compat.steps_per_execution(model)
     broadcast = initial_state.broadcast_callback(user)
     rows = options.gather("steps_per_epoch", [-3 if bad else (own if own is not None else -1), report_ms,
-                                              1 if refusal else 0, per_execution, initial_state.root_of(broadcast)])
+                                              1 if refusal else 0, per_execution, initial_state.root_of(broadcast),
+                                              saved_mode.code(family)])
     steps = [row[0] for row in rows]
     if -3 in steps:  # raised on every rank, after the gather, so no rank is left waiting in a collective
         wrong = [r for r, s in enumerate(steps) if s == -3]
@@ -130,6 +134,7 @@ def _prepare(model, args, kwargs, algorithm):
         raise ValueError(f"fit refused on rank(s) {refusing}: their model or compile settings are not supported by "
                          "the sync mode (their error names it; docs/compatibility.md)")
     initial_state.check_roots([row[4] for row in rows])
+    saved_mode.check([row[5] for row in rows], initial_state.root_of(broadcast))
     if any(row[3] != 1 for row in rows) and len(set(steps)) > 1:
         raise ValueError(f"steps_per_execution={per_execution if per_execution > 0 else 'auto'} needs the same "
                          f"steps_per_epoch on every rank (sync='allreduce'), got {steps}: pass equal shards, or "
@@ -154,6 +159,7 @@ def _prepare(model, args, kwargs, algorithm):
             state.own_steps = own  # per-rank epochs: this rank's batches past its own count are idle steps
     state.report = report.ReportFeed.agreed([row[1] for row in rows])
     state.broadcast_from = broadcast
+    state.saved_modes = [row[5] for row in rows]  # resumed in at the fit's start (SyncPoints, saved_mode.py)
     head = SyncPoints(state, user, plan)
-    arguments["callbacks"] = [head] + user + [StopVote(head)]
+    arguments["callbacks"] = [head] + user + [ModeStamp(head, user), StopVote(head)]
     return arguments

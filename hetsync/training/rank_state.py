@@ -61,6 +61,7 @@ class RankState:
         self.after_step = None    # called after the first Keras step (sync="auto": pretrace)
         self.report = None        # training/report.py ReportFeed, when any rank has a HeterogeneityReportCallback
         self.broadcast_from = None  # the user's Horovod broadcast callback, honoured at fit start (initial_state.py)
+        self.saved_modes = []     # every rank's saved-mode code (training/saved_mode.py), from fit's agreement
 
     # -- the state (training/lifecycle.py) --------------------------------------------------------------------------
     @property
