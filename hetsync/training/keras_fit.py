@@ -21,11 +21,10 @@ import tensorflow as tf
 
 from hetsync import _runtime, compat, marks
 from hetsync.algorithms._wrap import build_slots
-from hetsync.training import front_door, initial_state, options, report
+from hetsync.training import front_door, initial_state, options, rank_state, report, saved_mode
 from hetsync.training.callbacks import StopVote, SyncPoints
 from hetsync.training.job_epochs import JobEpochs
 from hetsync.training.rank_state import RankState
-from hetsync.training import saved_mode
 from hetsync.training.saved_mode import ModeStamp
 
 log = logging.getLogger("hetsync.training")
@@ -121,7 +120,7 @@ def _prepare(model, args, kwargs, algorithm):
     broadcast = initial_state.broadcast_callback(user)
     rows = options.gather("steps_per_epoch", [-3 if bad else (own if own is not None else -1), report_ms,
                                               1 if refusal else 0, per_execution, initial_state.root_of(broadcast),
-                                              saved_mode.code(family)])
+                                              saved_mode.code(family), rank_state.position()])
     steps = [row[0] for row in rows]
     if -3 in steps:  # raised on every rank, after the gather, so no rank is left waiting in a collective
         wrong = [r for r, s in enumerate(steps) if s == -3]
@@ -134,6 +133,7 @@ def _prepare(model, args, kwargs, algorithm):
         raise ValueError(f"fit refused on rank(s) {refusing}: their model or compile settings are not supported by "
                          "the sync mode (their error names it; docs/compatibility.md)")
     initial_state.check_roots([row[4] for row in rows])
+    rank_state.align_position(row[6] for row in rows)
     saved_mode.check([row[5] for row in rows], initial_state.root_of(broadcast))
     if any(row[3] != 1 for row in rows) and len(set(steps)) > 1:
         raise ValueError(f"steps_per_execution={per_execution if per_execution > 0 else 'auto'} needs the same "

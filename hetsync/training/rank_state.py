@@ -32,6 +32,13 @@ def position():
     return _PROCESS["position"]
 
 
+def align_position(positions):
+    """At a fit's start, with every rank's position (its agreement's gather): every rank goes on from the largest.
+    A custom loop in a mode whose ranks step at their own pace leaves the ranks at different counts, and a fit's
+    Switch Board decisions and agreed stop name steps by this count, the same on every rank."""
+    _PROCESS["position"] = max(max(positions), _PROCESS["position"])
+
+
 def last_rounds():
     """Sync points (epoch ends, mid-epoch rounds, the end round) of the last hetsync ``fit`` on this rank."""
     return _PROCESS["last_rounds"]
@@ -88,6 +95,12 @@ class RankState:
     @property
     def position(self):
         return _PROCESS["position"]
+
+    @property
+    def split_wanted(self):
+        """Someone reads each step's compute apart from its waiting: sync="auto" (the Switch Board's samples) or a
+        heterogeneity report."""
+        return self.report is not None or (self.family is not None and self.family.auto is not None)
 
     @property
     def stepping(self):
@@ -179,7 +192,7 @@ class RankState:
             logs = run()
         finally:
             self.life.step_ends()
-        self.clock.step(self.algorithm, wall, began, time.monotonic(), rounds)
+        self.clock.step(self.algorithm, wall, began, time.monotonic(), rounds, split=self.split_wanted)
         self.steps_since_sync += 1
         return logs
 

@@ -12,6 +12,11 @@
    optimizer) starts at ``initial_epoch=2`` in eager-solo.  A flag switch back to allreduce during that fit then
    holds in the same process's next fit: the schedule's epoch-1 entry, gone through already, is not applied again.
 
+tests/test_resume.py runs it in the job after tests/mpi/loop_resume.py, whose ripples-smart loops leave the two
+ranks at different step counts (an own-pace mode in a custom loop); a fit's switches name steps by that count, so
+this also checks that a fit starts with the counts aligned (training/rank_state.py ``align_position``): without it
+the first switch here waits 60 s for a rank that is a few steps behind, inside a step.
+
 Each rank prints ``MODE {json}`` with the mode each fit's first step ran in and the switches' reasons; the test
 asserts on them.  Without the saved mode the restarted fit of 2 starts in allreduce; without the schedule's catch-up
 3 starts in allreduce; applying the missed entry at every fit's start would put 3's second fit back in eager-solo.
