@@ -63,7 +63,8 @@ class JobSteps:
         self.job = job_epochs_client()
         self.job.begin_fit()  # before the first collective (job_clock.JobClock.resume)
 
-        rows = options.gather("job_steps", [steps])
+        rows = options.gather("job_steps", [steps, rank_state.position()])
+        rank_state.align_position(r[1] for r in rows)  # an earlier own-pace loop left the counts apart
         self.longest, self.total = max(r[0] for r in rows), sum(r[0] for r in rows)
         self.job.begin_epoch(self.total, 1)
         self.stepping = self.algorithm.STEPPING

@@ -33,7 +33,8 @@ def position():
 
 
 def align_position(positions):
-    """At a fit's start, with every rank's position (its agreement's gather): every rank goes on from the largest.
+    """At a fit's or a custom loop's start, with every rank's position (its agreement's gather): every rank goes
+    on from the largest.
     A custom loop in a mode whose ranks step at their own pace leaves the ranks at different counts, and a fit's
     Switch Board decisions and agreed stop name steps by this count, the same on every rank."""
     _PROCESS["position"] = max(max(positions), _PROCESS["position"])
