@@ -15,16 +15,13 @@ resumed job would silently train on in that mode.  So:
 
 ``sync="auto"`` ignores a saved mode: it measures again from its first steps, as at a fresh start.
 """
-import json
-import logging
-import os
 import itertools
+import json
+import os
 import time
 import zlib
 
 import tensorflow as tf
-
-log = logging.getLogger("hetsync.training")
 
 ATTRIBUTE = "hetsync_sync_mode"   # the HDF5 root attribute: {"mode": ..., "options": {...}} as JSON
 _HDF5 = (".h5", ".hdf5")
@@ -85,12 +82,18 @@ class ModeStamp(tf.keras.callbacks.Callback):
                 write(path, mode, json.loads(options))
 
 
+def _wanted(family):
+    """The saved mode this rank would resume in, as [mode, options], or None (``sync="auto"`` ignores one)."""
+    if family is None or family.auto is not None or family.resumed is None:
+        return None
+    return list(family.resumed)
+
+
 def code(family):
     """This rank's column in fit's agreement across ranks (keras_fit.py): 0, or a number for the saved mode it
-    would resume in (``sync="auto"`` ignores one)."""
-    if family is None or family.auto is not None or family.resumed is None:
-        return 0
-    return zlib.crc32(json.dumps(list(family.resumed), sort_keys=True).encode()) or 1
+    would resume in."""
+    wanted = _wanted(family)
+    return 0 if wanted is None else zlib.crc32(json.dumps(wanted, sort_keys=True).encode()) or 1
 
 
 def check(codes, root):
@@ -110,7 +113,7 @@ def agree(family, root, codes):
     to every rank (the other ranks built their models afresh); otherwise every rank holds the same one."""
     import horovod.tensorflow as hvd
 
-    mine = list(family.resumed) if code(family) else None
+    mine = _wanted(family)
     if family is not None:
         family.resumed = None  # once: a later fit of this process goes on in whatever mode is then in force
     if root >= 0:
