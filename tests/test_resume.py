@@ -1,9 +1,9 @@
 """Kill and resume in every mode (docs/resume.md), with real processes: tests/mpi/kill_resume.py on 2 ranks.
 
 A job trains with Horovod's Keras recipe (``ModelCheckpoint`` of the whole model on rank 0) and its rank 1 is
-SIGKILLed during epoch 3: the job must end by itself, non-zero, leaving no process behind.  `make test` kills a job
-in three modes, one per kind of service a dead rank leaves behind (Ripples' Group Generator and P-Reduce,
-eager-SGD's partial collectives, ESync's State Server); `make test-full` in every mode.  Then one job restarts
+SIGKILLed during epoch 3: the job must end by itself, non-zero, leaving no process behind, in every mode (each
+leaves its own services behind: Ripples' Group Generator and P-Reduce, eager-SGD's partial collectives, Hop's
+queues, ESync's State Server, OD-SGD's delayed allreduce, balanced's plan exchange).  Then one job restarts
 every mode's script from its last checkpoint (Horovod's ``resume_from_epoch`` recipe, ``hetsync.load_model`` on
 rank 0) and finishes to epoch 4, beside an uninterrupted 4-epoch run of the same seed and data order: a killed mode
 from its killed job's checkpoint, any other from the uninterrupted run's epoch-2 checkpoint (the one a kill in
@@ -28,8 +28,6 @@ STEPS, SAVED_EPOCH, EPOCHS = 16, 2, 4  # tests/mpi/kill_resume.py
 DETERMINISTIC = ("allreduce", "od-sgd")
 LOOP_MODES = ("allreduce", "ripples-smart")  # lockstep; P-Reduce, own pace
 NOISE = 0.03  # accuracy: the own-pace modes' run-to-run spread here, with margin (see the test)
-# Killed in `make test`: a mode per kind of state a dead rank leaves its peers in (the others: `make test-full`)
-KILLED = ("ripples-smart", "eager-solo", "esync")
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +37,7 @@ def killed(tmp_path_factory):
     return tmp_path_factory.mktemp("kill_resume"), {}
 
 
-@pytest.mark.parametrize("mode", [m if m in KILLED else pytest.param(m, marks=pytest.mark.full) for m in MODES])
+@pytest.mark.parametrize("mode", MODES)
 def test_a_killed_rank_ends_the_job_by_itself_and_leaves_nothing(mode, killed):
     """SIGKILL of rank 1 during epoch 3, after rank 0 saved epoch 2: the launcher ends the job, non-zero, within
     seconds, and no process of it is left."""
@@ -61,7 +59,8 @@ def test_a_killed_rank_ends_the_job_by_itself_and_leaves_nothing(mode, killed):
 
 @pytest.fixture(scope="module")
 def restarted(killed):
-    """One job restarting every mode's script from its checkpoint (a mode whose kill test ran: its killed job's),
+    """One job restarting every mode's script from its checkpoint (a mode whose kill test ran: its killed job's;
+    a mode whose kill test was deselected: the uninterrupted run's epoch-2 checkpoint),
     then the custom loops' restore; and the modes resumed from a killed job."""
     where, jobs = killed
     died = sorted(m for m, after_death in jobs.items() if after_death is not None)
