@@ -92,6 +92,8 @@ def run_one(scenario, mode, repeat, args, quotas, out):
     cmd = ["horovodrun", "--mpi", "-np", str(n), "-H", f"localhost:{n}", "sh", os.path.join(HERE, "in_cgroup.sh"),
            sys.executable, os.path.join(HERE, "keras_example.py"), "--sync", mode, "--epochs", str(args.epochs),
            "--steps", str(args.steps), "--out", work]
+    if args.sync_options:  # a trial of a mode's options; the record keeps them (tables.py leaves such runs out)
+        cmd += ["--sync-options", args.sync_options]
     if args.thread_cpu:  # every rank's threads sampled from /proc (benchmarks/thread_cpu.py), stored with the run
         cmd = [sys.executable, os.path.join(HERE, "thread_cpu.py"), "--per-rank", "--json",
                os.path.join(work, "threads.json"), "--"] + cmd
@@ -118,6 +120,7 @@ def run_one(scenario, mode, repeat, args, quotas, out):
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "command": " ".join(cmd), "machine": machine(), "quotas": spec["quotas"],
               "quota_changes": schedule.applied, "returncode": proc.returncode, "job_wall_s": round(wall, 2),
+              "sync_options": args.sync_options or None,
               "horovod_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("HOROVOD_")},
               "ranks": ranks}
     if thread_cpu is not None:
@@ -140,6 +143,9 @@ def main(argv=None):
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--job-timeout", type=float, default=900)
+    p.add_argument("--sync-options", default="",
+                   help="JSON of the hetsync mode's options, for a trial (stored with the run; the tables use only "
+                        "runs of the defaults)")
     p.add_argument("--thread-cpu", action="store_true",
                    help="also store each rank's CPU seconds per thread (TensorFlow's, Horovod's, hetsync-engine): "
                         "where a slow rank's quota goes")

@@ -34,10 +34,13 @@ OWN_THREADS = ("main", "hetsync-engine")  # named threads; everything else of th
 
 def load(results=os.path.join(HERE, "results")):
     """Every stored run, newest date folder last: {scenario: {mode: {repeat: record}}} (a later date's run of the same
-    scenario, mode and repeat replaces an earlier one)."""
+    scenario, mode and repeat replaces an earlier one).  A trial of non-default options (``run.py --sync-options``)
+    is left out: the tables are of what a user gets from the one-line change."""
     runs = {}
     for path in sorted(glob.glob(os.path.join(results, "*", "*.json"))):
         rec = json.load(open(path))
+        if rec.get("sync_options"):
+            continue
         runs.setdefault(rec["scenario"], {}).setdefault(rec["mode"], {})[rec["repeat"]] = rec
     return runs
 

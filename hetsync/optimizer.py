@@ -2,7 +2,7 @@
 from hetsync import _runtime, algorithms, compat, marks
 from hetsync.algorithms import horovod_kwargs
 from hetsync.algorithms.options import Option, check_all, did_you_mean
-from hetsync.coordinator.switchboard.auto_policy import AutoPolicy, SETTINGS
+from hetsync.coordinator.switchboard.auto_policy import CLASSES, AutoPolicy, SETTINGS
 from hetsync.switching import Family
 from hetsync.training import options as agreement
 
@@ -13,6 +13,8 @@ FAMILY_OPTIONS = {  # every mode's
 AUTO_OWN = {  # sync="auto"'s, beside its policy's SETTINGS (coordinator/switchboard/auto_policy.py) and candidates
     "report_every": Option(REPORT_EVERY, "int", minimum=1, doc="steps between a rank's Switch Board reports"),
     "pretrace": Option(True, "bool", doc="trace the candidates' train steps after the first step"),
+    "start": Option("straggler", choices=CLASSES, doc="the class whose candidate mode auto trains in until it has "
+                    "evidence (its own-pace straggler mode measures every rank's speed while it trains)"),
 }
 
 
@@ -145,5 +147,5 @@ def _auto(optimizer, hvd_kwargs, auto, job_epochs):
     if services.rank == 0:  # the Switch Board builds the policy for the job's size from the same settings
         services.switch_client().configure(
             {**auto["settings"], "candidates": {c: [m, o] for c, (m, o) in candidates.items()}})
-    mode, mode_options = candidates["homogeneous"]
+    mode, mode_options = candidates[auto["start"]]
     return family.start(mode, mode_options)

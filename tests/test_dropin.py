@@ -72,8 +72,9 @@ def slow_epochs(mode):
 
 @pytest.mark.parametrize("mode", SLOW_MODES)
 def test_horovod_example_with_a_slow_rank_and_user_collectives(mode, dropin_job):
-    """... and sync="auto": with rank 3 5x slower from the start it leaves allreduce for the straggler mode
-    mid-epoch, among the user's collectives, checkpoints and LR warm-up, with the same guarantees."""
+    """... and sync="auto": with rank 3 5x slower from the start it trains in its default start, the straggler
+    candidate ripples-smart, and stays there (the slow rank takes fewer steps than every fast one, as in the
+    decoupled modes), among the user's collectives, checkpoints and LR warm-up, with the same guarantees."""
     proc, base = dropin_job
     tmp_path = base / f"slow-{mode}"
     epochs = slow_epochs(mode)
@@ -93,18 +94,18 @@ def test_horovod_example_with_a_slow_rank_and_user_collectives(mode, dropin_job)
         assert steps == [epochs * SLOW_STEPS] * 4, steps
     elif stepping == "own":  # ... the job's N x size train steps per epoch, shared by speed (iterations: a
         assert abs(sum(steps) - epochs * SLOW_STEPS * 4) <= 8, steps  # broadcast after a first step would copy rank 0's)
-    else:  # ESync (auto: allreduce, then esync from a step mid-epoch, counting the epoch's earlier steps): the
+    else:  # ESync (and auto, whose switches may land mid-epoch and count the epoch's earlier steps): the
         # round that reaches the epoch's count completes
         assert epochs * SLOW_STEPS * 4 - 8 <= sum(steps) <= epochs * (SLOW_STEPS * 4 + 4 * 16), steps
-    if mode in DECOUPLED:  # the slow rank 3 took fewer train steps than every fast rank
+    if mode in DECOUPLED or mode == "auto":  # the slow rank 3 took fewer train steps than every fast rank
         assert all(steps[3] < s for s in steps[:3]), steps
     if mode == "balanced":  # synchronous: the same updates everywhere; the slow rank computes the smallest share
         # (how the fast ranks split the rest is not checked: here their step is mostly per-step overhead, no
         # per-sample compute is emulated, so their throughputs hardly depend on their shares -- README, balanced)
         shares = runs[0]["algorithm"]["shares"]
         assert len(set(steps)) == 1 and shares[3] < min(shares[:3]), (steps, shares)
-    if mode == "auto":
-        assert runs[0]["switches"] and runs[0]["switches"][0][:2] == ["allreduce", "esync"], runs[0]["switches"]
+    if mode == "auto":  # a persistent straggler: no evidence ever sends it back to lockstep allreduce
+        assert all(to != "allreduce" for _, to, *_ in runs[0]["switches"]), runs[0]["switches"]
     else:
         assert runs[0]["switches"] == []
 

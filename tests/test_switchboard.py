@@ -10,7 +10,7 @@ the same decisions at the same steps; the first request of a burst is decided an
 every accepted request becomes exactly one switch.
 
 Policy: homogeneous samples never move it off allreduce; a rank r times slower (r >= 2) makes it propose the
-straggler mode, naming that rank; random slowdowns make it propose the random mode; hysteresis keeps the class in
+straggler mode, naming that rank, whether its compute samples or (at its own pace) its step period show it; random slowdowns make it propose the random mode; hysteresis keeps the class in
 force between its exit and entry thresholds; switches are at least min_interval apart.  ESync's rounds give one
 sample per local iteration (StepClock), so random slowdowns inside a round are seen.
 """
@@ -21,11 +21,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetsync.coordinator.switchboard.auto_policy import AutoPolicy, normalize_candidates
+from hetsync.coordinator.switchboard.auto_policy import DEFAULT_CANDIDATES, AutoPolicy, normalize_candidates
 from hetsync.coordinator.switchboard import ACCEPTED, SUPERSEDED, UNCHANGED, SwitchBoard
 from hetsync.training.step_clock import StepClock
 
 MODES = ["allreduce", "hop", "esync", "eager-solo"]
+STRAGGLER_MODE = DEFAULT_CANDIDATES["straggler"]  # ripples-smart
 
 
 def simulate(n, speeds, steps, requests, collective_every, seed, every=1):
@@ -162,9 +163,33 @@ def test_persistent_straggler_is_named_and_switched_to_the_straggler_mode(n, fac
     slow = rng.randrange(n)
     policy = make(n)
     proposal, t = feed(policy, n, 12.0, lambda r, t: 0.02 * (factor if r == slow else 1) * rng.uniform(0.9, 1.1))
-    assert proposal is not None and proposal[0] == "esync", policy.last
+    assert proposal is not None and proposal[0] == STRAGGLER_MODE, policy.last
     assert f"rank {slow} " in proposal[2]
     assert t >= 1.0  # settle: the class held for 1 s first
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(3, 8), factor=st.floats(2.0, 6.0), seed=st.integers(0, 1000))
+def test_a_rank_taking_fewer_steps_at_its_own_pace_is_a_straggler_whatever_its_compute_samples(n, factor, seed):
+    """A CPU quota freezes a slow node anywhere in its step, so in an own-pace mode its compute samples can look
+    like everyone's while it takes ``factor`` times fewer steps: the step period names it.  Lockstep (the same
+    period everywhere, the same compute) stays homogeneous: the period alone never makes a straggler."""
+    rng = random.Random(seed)
+    slow = rng.randrange(n)
+    policy = make(n)
+    policy.current_mode = STRAGGLER_MODE  # auto's default start: the own-pace straggler candidate
+    t, next_step = 0.0, [0.0] * n
+    while t < 12.0:
+        for r in range(n):
+            if t >= next_step[r]:
+                policy.add(r, t, 0.02 * rng.uniform(0.9, 1.1))
+                next_step[r] = t + 0.05 * (factor if r == slow else 1) * rng.uniform(0.95, 1.05)
+        assert policy.evaluate(t, policy.current_mode) is None  # in the straggler mode already: it stays
+        t += 0.01
+    assert policy.last[0] == "straggler" and f"step period rank {slow} " in policy.last[1], policy.last
+    lockstep = make(n)
+    proposal, _ = feed(lockstep, n, 12.0, lambda r, t: 0.02 * rng.uniform(0.9, 1.1))
+    assert proposal is None and lockstep.last[0] == "homogeneous", lockstep.last
 
 
 @settings(max_examples=40, deadline=None)
@@ -190,7 +215,7 @@ def test_random_slowdowns_switch_to_the_random_mode(n, seed):
 def test_hysteresis_and_min_interval():
     policy = make(4)
     policy.state = "straggler"      # in force: a rank 1.4x slower is still a straggler (exit below 1.25x)
-    policy.current_mode = "esync"
+    policy.current_mode = STRAGGLER_MODE
     proposal, _ = feed(policy, 4, 6.0, lambda r, t: 0.02 * (1.4 if r == 0 else 1))
     assert proposal is None and policy.last[0] == "straggler"
     fresh = make(4)                 # not in force: 1.4x is below the 1.5x entry
@@ -205,7 +230,7 @@ def test_ranks_without_samples_are_left_out():
     """An idle rank (stopped early) sends no samples: the others are still classified."""
     policy = make(4)
     proposal, _ = feed(policy, 4, 8.0, lambda r, t: None if r == 1 else 0.02 * (5 if r == 3 else 1))
-    assert proposal is not None and proposal[0] == "esync" and "rank 3 " in proposal[2], policy.last
+    assert proposal is not None and proposal[0] == STRAGGLER_MODE and "rank 3 " in proposal[2], policy.last
 
 
 def test_bad_settings_and_candidates_raise():
@@ -242,7 +267,7 @@ def test_esync_rounds_give_a_sample_per_local_iteration(n, seed):
     for per_iteration in (True, False):
         rng = random.Random(seed)
         policy = make(n)
-        policy.current_mode = "esync"
+        policy.current_mode = STRAGGLER_MODE
         clocks, t = [StepClock() for _ in range(n)], 0.0
         proposal = None
         while t < 20.0 and proposal is None:

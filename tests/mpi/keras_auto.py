@@ -15,7 +15,9 @@ ones), and with a 0.5 s settle a fresh clone's run switched to eager-solo first.
   no switch traced a train step, and each traced function was reused, not traced again, when it ran.
 The heterogeneity report goes to LOGDIR (argument): every rank's records, written by rank 0 through its report
 callback (the only one, placed as Horovod users place TensorBoard); rank 1's TensorBoard alone gets no hetsync
-scalars.  Prints OK rank=R.
+scalars.  Auto starts in its homogeneous candidate here (``start="homogeneous"``) with esync as its straggler
+candidate, so that all three classes and two switches happen in one job; its default start, in the straggler
+candidate, is tests/test_dropin.py's.  Prints OK rank=R.
 """
 import os
 import sys
@@ -61,7 +63,8 @@ def main():
     tf.keras.utils.set_random_seed(0)
     model = build()
     opt = hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.05, momentum=0.9), sync="auto", window=3.0,
-                                       settle=3.0, min_interval=1.5)
+                                       settle=3.0, min_interval=1.5, start="homogeneous",
+                                       candidates={"straggler": "esync"})
     model.compile(opt, loss=loss, metrics=metrics)
     slow = hetsync.testing.SlowdownCallback("deterministic", ranks=[SLOW], factor=FACTOR, base_time=COMPUTE)
     phased = hetsync.testing.PhasedSlowdownCallback([(PHASES[0], None), (PHASES[1], slow), (PHASES[2], None)])

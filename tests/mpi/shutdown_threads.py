@@ -1,7 +1,8 @@
 """Run under mpirun -np 1: pretrace leaves the mode in force alone; hetsync.shutdown() stops every thread, channel
 and server hetsync started (issue 18).
 
-1. sync="auto" with ripples-smart as the homogeneous candidate and ripples-random as the straggler one: after the
+1. sync="auto" with ripples-smart as the homogeneous candidate (started in) and ripples-random as the straggler one:
+   after the
    first step the candidates are pretraced (wrapped, their train steps traced) and the Group Generator still serves
    ripples-smart's configuration (wrapping ripples-random used to install its own under the running mode).
 2. Trains in ripples-smart (its Group Generator away watcher is a thread) and switches to esync (a State Server
@@ -36,8 +37,8 @@ def pretrace_leaves_the_mode_in_force(x, y):
     candidates = {"homogeneous": "ripples-smart", "straggler": ("ripples-random", {"group_size": 2}),
                   "random": "eager-solo"}
     model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
-    model.compile(hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.01), sync="auto", candidates=candidates),
-                  loss="mse")
+    model.compile(hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.01), sync="auto", candidates=candidates,
+                                               start="homogeneous"), loss="mse")
     services = _runtime.services()
     assert services.config[0] == "smart", services.config
     hetsync.keras.fit(model, x, y, batch_size=8, epochs=1, verbose=0)

@@ -36,7 +36,7 @@ import statistics
 from hetsync.algorithms.options import Option, check_all, defaults, did_you_mean
 
 CLASSES = ("homogeneous", "straggler", "random")
-DEFAULT_CANDIDATES = {"homogeneous": "allreduce", "straggler": "esync", "random": "eager-solo"}
+DEFAULT_CANDIDATES = {"homogeneous": "allreduce", "straggler": "ripples-smart", "random": "eager-solo"}
 SETTINGS = {
     "window": Option(10.0, "number", minimum=0, above=True, doc="seconds of samples the policy looks at"),
     "min_interval": Option(10.0, "number", minimum=0, doc="seconds between two switches"),
@@ -118,6 +118,13 @@ class AutoPolicy:
         if slow:
             parts = ", ".join(f"rank {r} {medians[r] * 1e3:.1f} ms ({medians[r] / typical:.1f}x)" for r in slow)
             return "straggler", f"median iteration {parts} vs typical {typical * 1e3:.1f} ms"
+        periods = self._periods(active)
+        if periods:
+            usual = statistics.median(periods.values())
+            slow = [r for r, p in periods.items() if usual > 0 and p >= ratio * usual]
+            if slow:
+                parts = ", ".join(f"rank {r} {periods[r] * 1e3:.1f} ms ({periods[r] / usual:.1f}x)" for r in slow)
+                return "straggler", f"step period {parts} vs typical {usual * 1e3:.1f} ms"
         threshold = self.s["slow_sample_ratio"] * typical
         pooled = [c for r in active for _, c in self.samples[r]]
         fraction = sum(c >= threshold for c in pooled) / len(pooled)
@@ -125,6 +132,19 @@ class AutoPolicy:
         detail = (f"{fraction:.0%} of {len(pooled)} iterations >= {self.s['slow_sample_ratio']:g}x typical "
                   f"{typical * 1e3:.1f} ms; slowest rank median {max(medians.values()) / typical:.2f}x")
         return ("random" if fraction >= needed else "homogeneous"), detail
+
+    def _periods(self, active):
+        """{rank: seconds between its steps} over the window, from each rank's own sample times (differences of
+        one rank's clock, never compared across ranks).  In a mode whose ranks step at their own pace this is the
+        rank's whole speed: a CPU quota freezes a slow node anywhere in its step, also while it waits, so its compute
+        samples may look normal while it takes fewer steps.  Lockstep modes give every rank the same period, and
+        leave the decision to the compute samples."""
+        out = {}
+        for r in active:
+            times = [t for t, _ in self.samples[r]]
+            if len(times) >= self.s["min_samples"] and times[-1] > times[0]:
+                out[r] = (times[-1] - times[0]) / (len(times) - 1)
+        return out if len(out) >= 2 else {}
 
     def evaluate(self, now, current_mode):
         """None, or (mode, options, evidence) to switch to."""
