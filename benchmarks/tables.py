@@ -4,7 +4,8 @@
     python benchmarks/tables.py --check    # exit 1 if a block differs from what the stored runs give
 
 A generated block sits between ``<!-- bench: SCENARIO -->`` and ``<!-- /bench -->``; nothing between the markers
-is written by hand.  A ``<!-- bench-threads: FOLDER -->`` block is made the same way from the runs stored with
+is written by hand.  A ``<!-- bench-modes: MODE,MODE -->`` block (a mode's page) holds those modes' rows of every
+stored scenario, each against plain Horovod.  A ``<!-- bench-threads: FOLDER -->`` block is made the same way from the runs stored with
 ``run.py --thread-cpu`` under benchmarks/thread-profiles/FOLDER/ (a subfolder names a condition of its runs, such as
 an environment variable set for them): where each rank's CPU went, per thread.  Per mode, over the scenario's repeats: rank 0's training time (fit's on_train_begin to
 on_train_end) as median and range; the speedup against plain Horovod, per repeat (the modes of one repeat ran one
@@ -24,8 +25,10 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 TARGET = 0.9  # held-out accuracy of "time to target"
-PAGES = [os.path.join(ROOT, "README.md"), os.path.join(ROOT, "docs", "benchmarks.md")]
+PAGES = [os.path.join(ROOT, "README.md"), os.path.join(ROOT, "docs", "benchmarks.md"),
+         *sorted(glob.glob(os.path.join(ROOT, "docs", "modes", "*.md")))]
 BLOCK = re.compile(r"(<!-- bench: (?P<scenario>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- /bench -->)", re.S)
+MODES_BLOCK = re.compile(r"(<!-- bench-modes: (?P<modes>[a-z0-9,-]+) -->\n)(?P<body>.*?)(<!-- /bench-modes -->)", re.S)
 BASELINE = "horovod"
 THREADS = re.compile(r"(<!-- bench-threads: (?P<folder>[A-Za-z0-9._-]+) -->\n)(?P<body>.*?)(<!-- /bench-threads -->)",
                      re.S)
@@ -98,6 +101,30 @@ def summary(modes, target=TARGET):
     return rows
 
 
+def _runs(repeats):
+    """``1-3, 7`` for repeats 1, 2, 3 and 7."""
+    spans = []
+    for k in sorted(repeats):
+        if spans and k == spans[-1][1] + 1:
+            spans[-1][1] = k
+        else:
+            spans.append([k, k])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in spans)
+
+
+def _machines(modes):
+    """Which machine ran which runs: medians of training seconds mix machines when a scenario ran on more than one,
+    while a speedup always pairs runs of one machine (run k of a mode and of Horovod ran one after another)."""
+    where = {}
+    for repeats in modes.values():
+        for k, rec in repeats.items():
+            m = rec["machine"]
+            where.setdefault(f"{m['cpus']} CPUs ({m['cpu']})", set()).add(k)
+    if len(where) == 1:
+        return next(iter(where))
+    return "; ".join(f"{name}: runs {_runs(ks)}" for name, ks in sorted(where.items(), key=lambda i: min(i[1])))
+
+
 def table(scenario, modes, target=TARGET):
     rows = summary(modes, target)
     order = [BASELINE] + sorted(m for m in rows if m != BASELINE)
@@ -107,7 +134,7 @@ def table(scenario, modes, target=TARGET):
     epochs = some.get("epochs") or re.search(r"--epochs (\d+)", some["command"]).group(1)
     lines = [f"Scenario `{scenario}`: {some['what']}; quotas {some['quotas']} of a core per rank; "
              f"runs per mode in the last column (speedups pair run k with plain Horovod's run k), commits {commits}, "
-             f"{some['machine']['cpus']} CPUs ({some['machine']['cpu']}).  Median (range).",
+             f"{_machines(modes)}.  Median (range).",
              "",
              f"| mode | training s | vs Horovod | epochs 2-{epochs}, s | vs Horovod | time to {pct}% accuracy, s | "
              "vs Horovod | final accuracy | job s | runs |",
@@ -123,6 +150,31 @@ def table(scenario, modes, target=TARGET):
                      f"{_spread(r['steady'], '{:.1f}')} | {_spread(r['steady_speedup'], '{:.2f}x')} | "
                      f"{_spread(r['ttt'], '{:.1f}')} | {_spread(r['ttt_speedup'], '{:.2f}x')} | "
                      f"{_spread(r['accuracy'], '{:.3f}')} | {_spread(r['wall'], '{:.0f}')} | {r['runs']} |")
+    return "\n".join(lines) + "\n"
+
+
+def modes_table(modes, runs, target=TARGET):
+    """The rows of ``modes`` in every stored scenario (a mode's page): its speedups against plain Horovod, paired run
+    by run as in :func:`table`, and its accuracy beside Horovod's."""
+    pct = int(round(target * 100))
+    lines = ["Generated from the stored CPU-quota runs (docs/benchmarks.md has each scenario's full table, machine "
+             "and commits).  Median (range) over the runs.",
+             "",
+             f"| scenario | mode | training, vs Horovod | epochs 2-N, vs Horovod | time to {pct}% accuracy, vs Horovod "
+             "| final accuracy | Horovod's accuracy | runs |",
+             "|---|---|---|---|---|---|---|---|"]
+    for scenario in sorted(runs):
+        rows = summary(runs[scenario], target)
+        base = rows.get(BASELINE, {}).get("accuracy", [])
+        for mode in modes:
+            if mode not in rows:
+                continue
+            r = rows[mode]
+            lines.append(f"| `{scenario}` | `{mode}` | {_spread(r['speedup'], '{:.2f}x')} | "
+                         f"{_spread(r['steady_speedup'], '{:.2f}x')} | {_spread(r['ttt_speedup'], '{:.2f}x')} | "
+                         f"{_spread(r['accuracy'], '{:.3f}')} | {_spread(base, '{:.3f}')} | {r['runs']} |")
+    if len(lines) == 4:
+        return f"No stored run of {', '.join(f'`{m}`' for m in modes)} yet.\n"
     return "\n".join(lines) + "\n"
 
 
@@ -190,6 +242,7 @@ def render(text, runs):
         return m.group(1) + body + m.group(4)
 
     text = BLOCK.sub(block, text)
+    text = MODES_BLOCK.sub(lambda m: m.group(1) + modes_table(m.group("modes").split(","), runs) + m.group(4), text)
     return THREADS.sub(lambda m: m.group(1) + threads_table(m.group("folder")) + m.group(4), text)
 
 

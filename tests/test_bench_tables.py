@@ -56,6 +56,22 @@ def test_speedups_pair_each_repeat_with_horovods_and_failed_runs_are_named(tmp_p
     assert "| epochs 2-3, s |" in text, text
 
 
+def test_a_scenario_run_on_two_machines_says_which_runs_ran_where(tmp_path):
+    """Training seconds of different machines must not pass as one machine's: the header names each machine with
+    its runs, and a scenario of one machine names only that one."""
+    day = tmp_path / "2026-01-01"
+    day.mkdir()
+    runs = [_record(mode, k, 10.0 * k, [(1.0, 0.95, 0.1)]) for mode in ("horovod", "esync") for k in (1, 2, 3, 7)]
+    for rec in runs:
+        if rec["repeat"] == 7:
+            rec["machine"] = {"cpus": 2, "cpu": "y"}
+        (tmp_path / "2026-01-01" / f"{rec['mode']}-{rec['repeat']}.json").write_text(json.dumps(rec))
+    text = tables.table("s", tables.load(str(tmp_path))["s"], target=0.9)
+    assert "2 CPUs (x): runs 1-3; 2 CPUs (y): runs 7." in text, text
+    one = {m: {k: r for k, r in reps.items() if k != 7} for m, reps in tables.load(str(tmp_path))["s"].items()}
+    assert "2 CPUs (x).  Median" in tables.table("s", one, target=0.9)
+
+
 def test_thread_tables_split_each_rank_by_thread_and_tell_fast_from_slow(tmp_path, monkeypatch):
     """The thread-CPU block: a rank's unnamed threads add up as "other", system time in brackets, the fast ranks'
     mean against the slowest rank's own numbers; a subfolder names its runs' condition."""
