@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from hetsync.coordinator.switchboard.auto_policy import DEFAULT_CANDIDATES, AutoPolicy, normalize_candidates
 from hetsync.coordinator.switchboard import ACCEPTED, SUPERSEDED, UNCHANGED, SwitchBoard
-from hetsync.training.step_clock import StepClock
+from hetsync.training.step_clock import WARMUP_STEPS, StepClock
 
 MODES = ["allreduce", "hop", "esync", "eager-solo"]
 STRAGGLER_MODE = DEFAULT_CANDIDATES["straggler"]  # ripples-smart
@@ -224,6 +224,30 @@ def test_hysteresis_and_min_interval():
     fresh.switched("allreduce", 100.0)
     proposal, t = feed(fresh, 4, 10.0, lambda r, t: 0.02 * (5 if r == 0 else 1), start=100.0)
     assert proposal is not None and t >= 105.0   # min_interval after the last switch
+
+
+def test_the_class_of_the_mode_auto_starts_in_is_in_force_from_the_start():
+    """Started in the straggler candidate, auto leaves it only when the straggler test fails by the exit margin: a
+    rank 1.4x slower (under the 1.5x entry, over the 1.25x exit) keeps the job there.  Read as "no class yet", the
+    same samples are homogeneous and move a job that had started well to allreduce."""
+    started = make(4)
+    started.current_mode = STRAGGLER_MODE
+    proposal, _ = feed(started, 4, 6.0, lambda r, t: 0.02 * (1.4 if r == 0 else 1))
+    assert proposal is None and started.state == "straggler" and started.last[0] == "straggler", started.last
+
+
+def test_a_modes_first_steps_give_the_policy_no_sample():
+    """The first step of a mode traces its train function (seconds): as a sample it is a slowdown that never
+    recurs, and on a throttled node, where a handful of steps fill the window, one per rank reads as random
+    slowdowns.  The clock drops the samples of the first steps after warm_up(); the report still counts them."""
+    clock = StepClock()
+    clock.warm_up()
+    steps = WARMUP_STEPS + 3
+    for k in range(steps):
+        clock.step(None, 10.0 * k, 10.0 * k, 10.0 * k + (5.0 if k == 0 else 0.01), False, split=False)
+    samples = clock.take_samples()
+    assert len(samples) == 3 and max(c for _, c in samples) < 0.02, samples
+    assert clock.take()["steps"] == steps
 
 
 def test_ranks_without_samples_are_left_out():

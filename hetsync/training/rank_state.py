@@ -110,6 +110,7 @@ class RankState:
     def adopt(self, algorithm):
         """Makes ``algorithm`` the one this rank runs (at the start, and after each live switch)."""
         self.algorithm = algorithm
+        self.clock.warm_up()
         if self.stepping == "rounds":
             algorithm.attach(self.model, self.hooks)
 

@@ -9,6 +9,8 @@ stamp counts its whole step as compute.
 """
 import time
 
+WARMUP_STEPS = 2  # steps after a mode starts whose samples the policy does not get (see StepClock.warm_up)
+
 
 class StepClock:
     """Per-rank accumulators since the last ``take()``, and the samples the Switch Board has not had yet."""
@@ -17,6 +19,14 @@ class StepClock:
         self.samples = []       # (time.monotonic(), compute seconds per iteration)
         self._reset()
         self.total_steps = 0
+        self.warmup = 0         # steps left whose samples are dropped
+
+    def warm_up(self, steps=WARMUP_STEPS):
+        """The next ``steps`` steps give sync="auto"'s policy no sample.  A mode's first step traces its train
+        function (seconds) unless it was traced before, and its first runs set up the graph; such samples are not the
+        worker's speed.  On a throttled node a handful of steps fill the policy's window, so one first-step sample
+        per rank was enough to read as random slowdowns and switch a job away from a good mode."""
+        self.warmup = steps
 
     def _reset(self):
         self.since = time.monotonic()
@@ -42,7 +52,9 @@ class StepClock:
         self.iterations += iterations
         self.compute_s += compute
         self.step_s += elapsed
-        if each and len(each) == iterations:  # one sample per local iteration (ESync), scaled as compute was
+        if self.warmup > 0:
+            self.warmup -= 1
+        elif each and len(each) == iterations:  # one sample per local iteration (ESync), scaled as compute was
             scale = compute / sum(each) if sum(each) > 0 else 0.0
             self.samples.extend((mono_end, c * scale) for c in each)
         elif iterations:

@@ -63,7 +63,7 @@ def main():
     tf.keras.utils.set_random_seed(0)
     model = build()
     opt = hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.05, momentum=0.9), sync="auto", window=3.0,
-                                       settle=3.0, min_interval=1.5, start="homogeneous",
+                                       settle=3.0, min_interval=1.5, start="homogeneous", pretrace=True,
                                        candidates={"straggler": "esync"})
     model.compile(opt, loss=loss, metrics=metrics)
     slow = hetsync.testing.SlowdownCallback("deterministic", ranks=[SLOW], factor=FACTOR, base_time=COMPUTE)

@@ -38,7 +38,7 @@ def pretrace_leaves_the_mode_in_force(x, y):
                   "random": "eager-solo"}
     model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
     model.compile(hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.01), sync="auto", candidates=candidates,
-                                               start="homogeneous"), loss="mse")
+                                               start="homogeneous", pretrace=True), loss="mse")
     services = _runtime.services()
     assert services.config[0] == "smart", services.config
     hetsync.keras.fit(model, x, y, batch_size=8, epochs=1, verbose=0)

@@ -14,22 +14,30 @@ dilute one slow iteration among a fast rank's many, and random slowdowns were re
 
 * m_r = the median sample of rank r; *typical* = the median of the m_r (the usual worker's iteration).  A rank
   without any sample in the window (idle after stopping, finished) is left out.
-* **straggler**: some rank has m_r >= ``straggler_ratio`` x typical (1.5): it is slow most of the time.
+* **straggler**: some rank has m_r >= ``straggler_ratio`` x typical (1.5): it is slow most of the time; or, with
+  compute samples that look even, some rank's *step period* (its seconds between steps, from its own sample times)
+  is >= ``straggler_ratio`` x the typical period.  A CPU quota freezes a slow node anywhere in its step, waits
+  included, so its compute samples can look like everyone's while it takes a fraction of the others' steps; in a
+  lockstep mode every rank has the same period and the compute samples decide alone.
 * **random**: no straggler, but at least ``random_fraction`` (6%) of all samples are >= ``slow_sample_ratio`` x
   typical (2.5): slowdowns come and go, on any rank.
 * **homogeneous**: neither.
 
-**Hysteresis**: the class in force is left only when its own test fails by a margin -- a straggler stays one while
+**Hysteresis**: the class in force (from the start, the class whose candidate auto started in) is left only when its own test fails by a margin -- a straggler stays one while
 m_r >= ``straggler_exit`` x typical (1.25), random stays while the slow fraction >= ``random_exit`` (3%) -- and a new
 class must be seen in every evaluation for ``settle`` seconds (2) before it is acted on; switches are at least
 ``min_interval`` seconds apart (10).  Evaluations run at most every 0.25 s.
 
 **Modes** (``candidates``): homogeneous -> "allreduce" (nothing to hide, nothing beats Horovod), straggler ->
-"esync" (fast workers do useful local steps while the slow one computes: 3.2x faster to target at 1:1:1:5 in
-bench_esync_od; "balanced" competed for this class and auto reached the target sooner with esync in five runs,
-README "sync='balanced' against Horovod and every mode"), random -> "eager-solo" (nobody waits for a late
-gradient; it is applied next step).  Each value is
-a mode name or ``(mode, options)``.
+"ripples-smart" (the fast ranks P-Reduce among themselves while the slow one computes: the highest median speedup
+against plain Horovod in both stored CPU-quota straggler scenarios, docs/benchmarks.md; "esync", the default
+before, trained 1.2x and 2.1x longer than it there, medians of runs 1-3), random -> "eager-solo" (nobody waits for a late gradient; it is
+applied next step).  Each value is a mode name or ``(mode, options)``.
+
+**Start** (``start``, a class, default "straggler"): auto trains in that class's candidate until the policy has
+seen enough to decide.  Starting in the straggler mode loses nothing while the job is measured when one rank is
+slow, and when none is, the homogeneous class moves the job to allreduce after ``settle`` seconds.  The former
+start, ``start="homogeneous"``, trains at Horovod's pace until a straggler is recognised.
 """
 import statistics
 
@@ -84,7 +92,7 @@ class AutoPolicy:
         self.candidates = normalize_candidates(candidates)
         self.s = check_all("sync='auto'", SETTINGS, settings)
         self.samples = [[] for _ in range(self.size)]   # per rank: (time, compute seconds per iteration)
-        self.state = None          # the class in force (None until the first switch or the first stable class)
+        self.state = None          # the class in force (from the first evaluation: the class of the mode in force)
         self.seen = None           # (class, since): the class every evaluation has returned since ``since``
         self.last_switch = None    # time of the last switch
         self.last_evaluation = None
@@ -151,6 +159,8 @@ class AutoPolicy:
         if self.last_evaluation is not None and now - self.last_evaluation < EVALUATE_EVERY_S:
             return None
         self.last_evaluation = now
+        if self.state is None:  # the class whose mode auto started in is the class in force: its hysteresis holds
+            self.state = self._class_of(current_mode)
         cls, evidence = self.classify(now)
         self.last = (cls, evidence)
         if cls is None:
@@ -169,10 +179,11 @@ class AutoPolicy:
         self.state = cls
         return mode, options, f"{cls}: {evidence}"
 
+    def _class_of(self, mode):
+        """The first class whose candidate is ``mode`` (None: a mode of no class, such as a user's request)."""
+        return next((cls for cls, (m, _) in self.candidates.items() if m == mode), None)
+
     def switched(self, mode, t):
         """The board carried out a switch (by the policy or a user) decided at time ``t``."""
         self.last_switch = t
-        for cls, (m, _) in self.candidates.items():
-            if m == mode:
-                self.state = cls
-                break
+        self.state = self._class_of(mode) or self.state
