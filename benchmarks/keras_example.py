@@ -128,10 +128,14 @@ def main(argv=None):
     fit(dataset, steps_per_epoch=args.steps, epochs=args.epochs, callbacks=callbacks, verbose=0)
     fit_s = time.monotonic() - began
     os.makedirs(args.out, exist_ok=True)
+    # sync="auto" and live switches: where each switch happened and the policy's evidence, so a run's time can be
+    # read against what it trained in
+    switches = [] if plain else [{k: h[k] for k in ("position", "from", "to", "reason", "seconds")}
+                                 for h in hetsync.switch_history(model)]
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
         json.dump({"rank": rank, "size": size, "sync": args.sync, "train_s": clock.train_s, "fit_s": fit_s,
                    "batches": clock.batches, "curve": clock.curve,
-                   "epoch_ends": clock.epoch_ends}, f)
+                   "epoch_ends": clock.epoch_ends, "switches": switches}, f)
     print(f"rank {rank}: {args.sync} train {clock.train_s:.1f} s, fit {fit_s:.1f} s, {clock.batches} batches"
           + (f", final accuracy {clock.curve[-1][1]:.3f}" if clock.curve else ""), flush=True)
 

@@ -12,7 +12,8 @@ on_train_end) as median and range; the speedup against plain Horovod, per repeat
 after another) and then its median and range; rank 0's time from the end of its first epoch to the end of its
 last (the steady state: no first-step tracing in it), with the same speedup; the time until rank 0's model first reached the target accuracy on
 the held-out set (its curve is sampled every 10 of its batches), with the same speedup; the final accuracy; the
-job's wall time (launch to exit, the driver's clock: a teardown stall shows there, not in training).
+job's wall time (launch to exit, the driver's clock: a teardown stall shows there, not in training).  Under a
+table, each run that recorded its live switches (``sync="auto"``) lists them.
 """
 import argparse
 import glob
@@ -150,7 +151,22 @@ def table(scenario, modes, target=TARGET):
                      f"{_spread(r['steady'], '{:.1f}')} | {_spread(r['steady_speedup'], '{:.2f}x')} | "
                      f"{_spread(r['ttt'], '{:.1f}')} | {_spread(r['ttt_speedup'], '{:.2f}x')} | "
                      f"{_spread(r['accuracy'], '{:.3f}')} | {_spread(r['wall'], '{:.0f}')} | {r['runs']} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _switches(modes)) + "\n"
+
+
+def _switches(modes):
+    """Below a table: the live switches of each run that recorded them (``sync="auto"``), rank 0's view, so that a
+    run's time can be read against the modes it trained in."""
+    out = []
+    for mode in sorted(modes):
+        for k, rec in sorted(modes[mode].items()):
+            r0 = rec["ranks"][0] if ok(rec) else None
+            if r0 is None or "switches" not in r0:
+                continue
+            moves = "; ".join(f"step {s['position']}: {s['from']} -> {s['to']} ({s['reason']})"
+                              for s in r0["switches"]) or "none"
+            out.append(f"- `{mode}` run {k}, switches: {moves}")
+    return ["", *out] if out else []
 
 
 def modes_table(modes, runs, target=TARGET):

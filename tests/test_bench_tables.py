@@ -72,6 +72,23 @@ def test_a_scenario_run_on_two_machines_says_which_runs_ran_where(tmp_path):
     assert "2 CPUs (x).  Median" in tables.table("s", one, target=0.9)
 
 
+def test_the_switches_a_run_recorded_are_listed_under_its_table(tmp_path):
+    """An auto run's time means little without the modes it trained in: each run that recorded its switches is
+    listed with them ("none" when it stayed); a run from before switches were recorded is not."""
+    day = tmp_path / "2026-01-01"
+    day.mkdir()
+    runs = [_record("horovod", 1, 100.0, [(1.0, 0.95, 0.1)]), _record("auto", 1, 50.0, [(1.0, 0.95, 0.1)]),
+            _record("auto", 2, 60.0, [(1.0, 0.95, 0.1)]), _record("auto", 3, 70.0, [(1.0, 0.95, 0.1)])]
+    runs[1]["ranks"][0]["switches"] = [{"position": 32, "from": "ripples-smart", "to": "eager-solo",
+                                        "reason": "auto: random", "seconds": 4.8}]
+    runs[2]["ranks"][0]["switches"] = []
+    for rec in runs:
+        (day / f"{rec['mode']}-{rec['repeat']}.json").write_text(json.dumps(rec))
+    text = tables.table("s", tables.load(str(tmp_path))["s"], target=0.9)
+    assert "- `auto` run 1, switches: step 32: ripples-smart -> eager-solo (auto: random)" in text, text
+    assert "- `auto` run 2, switches: none" in text and "run 3" not in text, text
+
+
 def test_thread_tables_split_each_rank_by_thread_and_tell_fast_from_slow(tmp_path, monkeypatch):
     """The thread-CPU block: a rank's unnamed threads add up as "other", system time in brackets, the fast ranks'
     mean against the slowest rank's own numbers; a subfolder names its runs' condition."""
