@@ -44,7 +44,7 @@ import statistics
 from hetsync.algorithms.options import Option, check_all, defaults, did_you_mean
 
 CLASSES = ("homogeneous", "straggler", "random")
-DEFAULT_CANDIDATES = {"homogeneous": "allreduce", "straggler": "ripples-smart", "random": "eager-solo"}
+DEFAULT_CANDIDATES = {"homogeneous": "allreduce", "straggler": "ripples-smart", "random": "ripples-smart"}
 SETTINGS = {
     "window": Option(10.0, "number", minimum=0, above=True, doc="seconds of samples the policy looks at"),
     "min_interval": Option(10.0, "number", minimum=0, doc="seconds between two switches"),
