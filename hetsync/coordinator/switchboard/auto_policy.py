@@ -31,8 +31,13 @@ class must be seen in every evaluation for ``settle`` seconds (2) before it is a
 **Modes** (``candidates``): homogeneous -> "allreduce" (nothing to hide, nothing beats Horovod), straggler ->
 "ripples-smart" (the fast ranks P-Reduce among themselves while the slow one computes: the highest median speedup
 against plain Horovod in both stored CPU-quota straggler scenarios, docs/benchmarks.md; "esync", the default
-before, trained 1.2x and 2.1x longer than it there, medians of runs 1-3), random -> "eager-solo" (nobody waits for a late gradient; it is
-applied next step).  Each value is a mode name or ``(mode, options)``.
+before, trained 1.2x and 2.1x longer than it there, medians of runs 1-3), random -> "ripples-smart" too.  A CPU quota
+(a throttled or shared node) freezes a rank for part of every scheduler period, and its compute samples then look
+like random slowdowns on every rank; "eager-solo", the paper's answer to random slowdowns and the default before,
+waits in each round for the throttled ranks' progress threads, and at speeds 1:2:3:5 a run that switched to it
+trained 1.69x longer than ripples-smart in the same repeat.  ``candidates={"random": "eager-solo"}`` brings it back
+for slowdowns that leave the CPU alone (a GPU shared with another job, variable input lengths).  Each value is a
+mode name or ``(mode, options)``.
 
 **Start** (``start``, a class, default "straggler"): auto trains in that class's candidate until the policy has
 seen enough to decide.  Starting in the straggler mode loses nothing while the job is measured when one rank is
