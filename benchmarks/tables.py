@@ -155,13 +155,14 @@ def table(scenario, modes, target=TARGET):
 
 
 def _switches(modes):
-    """Below a table: the live switches of each run that recorded them (``sync="auto"``), rank 0's view, so that a
-    run's time can be read against the modes it trained in."""
+    """Below a table: the live switches of each ``sync="auto"`` run that recorded them ("none" when it stayed), and
+    of any other run that switched, rank 0's view, so that a run's time can be read against the modes it trained
+    in."""
     out = []
     for mode in sorted(modes):
         for k, rec in sorted(modes[mode].items()):
             r0 = rec["ranks"][0] if ok(rec) else None
-            if r0 is None or "switches" not in r0:
+            if r0 is None or "switches" not in r0 or (mode != "auto" and not r0["switches"]):
                 continue
             moves = "; ".join(f"step {s['position']}: {s['from']} -> {s['to']} ({s['reason']})"
                               for s in r0["switches"]) or "none"

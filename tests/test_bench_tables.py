@@ -82,11 +82,13 @@ def test_the_switches_a_run_recorded_are_listed_under_its_table(tmp_path):
     runs[1]["ranks"][0]["switches"] = [{"position": 32, "from": "ripples-smart", "to": "eager-solo",
                                         "reason": "auto: random", "seconds": 4.8}]
     runs[2]["ranks"][0]["switches"] = []
+    runs[0]["ranks"][0]["switches"] = []
     for rec in runs:
         (day / f"{rec['mode']}-{rec['repeat']}.json").write_text(json.dumps(rec))
     text = tables.table("s", tables.load(str(tmp_path))["s"], target=0.9)
     assert "- `auto` run 1, switches: step 32: ripples-smart -> eager-solo (auto: random)" in text, text
     assert "- `auto` run 2, switches: none" in text and "run 3" not in text, text
+    assert "`horovod` run" not in text, text  # a fixed mode that did not switch is not listed
 
 
 def test_thread_tables_split_each_rank_by_thread_and_tell_fast_from_slow(tmp_path, monkeypatch):
