@@ -1,6 +1,7 @@
 """Shared helpers: launch real multi-process jobs (mpirun / horovodrun) with the project's virtualenv Python."""
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -147,6 +148,14 @@ def run_together(np_, runs, timeout=900, env=None):
     each script's main() runs in turn on every rank, sharing one start-up of the ranks."""
     return run_mpi(np_, "tests/mpi/together.py", json.dumps([[str(a) for a in r] for r in runs]), timeout=timeout,
                    env=env)
+
+
+def tagged(stdout, tag):
+    """The JSON objects a job's scripts printed as ``TAG {...}``.  mpirun merges the ranks' output, and Python writes
+    a print's text and its newline apart, so another rank's text can land right before or after a tagged object on
+    the same line: each object is found by its tag and decoded up to its own end."""
+    decoder = json.JSONDecoder()
+    return [decoder.raw_decode(stdout, m.end())[0] for m in re.finditer(rf"{tag} (?={{)", stdout)]
 
 
 def first_error(text):

@@ -4,15 +4,13 @@ controller -- really slower, no sleep).  tests/mpi/cluster_job.py passes through
 switches, with one rank stopping early; every rank must exit 0 with one model.  The cluster is taken down after
 the test, also when it fails.  About 1-2 minutes on 2 cores (a job of 4 ranks, 9 modes traced on each).
 """
-import json
 import os
-import re
 import subprocess
 import sys
 import time
 
 import pytest
-from conftest import MPI_ENV, ROOT, assert_ok, leftovers, mpi_env
+from conftest import MPI_ENV, ROOT, assert_ok, leftovers, mpi_env, tagged
 
 CLUSTER = os.path.join(ROOT, "scripts", "cluster.sh")
 
@@ -93,9 +91,9 @@ def test_a_killed_host_ends_the_job_and_the_restart_resumes(cluster, tmp_path):
     proc = subprocess.run(across_hosts("tests/mpi/kill_resume.py", "resume", tmp_path, mode, mode), cwd=ROOT,
                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
     assert_ok(proc, 4)
-    found = re.findall(r"^RESULT (.*)$", proc.stdout, re.M)
+    found = tagged(proc.stdout, "RESULT")
     assert len(found) == 1, proc.stdout[-4000:]
-    r = json.loads(found[0])
+    r = found[0]
     print(f"resumed: {r}")
     assert r["from"] == "killed" and r["saved_iterations"] > 0, r
     assert min(r["iterations"]) > r["saved_iterations"], r

@@ -10,12 +10,11 @@ from its killed job's checkpoint, any other from the uninterrupted run's epoch-2
 epoch 3 leaves last).  The same job restarts custom loops (``hetsync.job_steps``) from a ``tf.train.Checkpoint``,
 and resumes jobs whose mode a live switch or a schedule had changed (tests/mpi/resume_mode.py).
 """
-import json
 import re
 import time
 
 import pytest
-from conftest import assert_passed, leftovers, run_mpi, run_together
+from conftest import assert_passed, leftovers, run_mpi, run_together, tagged
 
 from hetsync import algorithms
 from hetsync.algorithms import available_modes
@@ -81,7 +80,7 @@ def test_every_mode_resumes_from_its_checkpoint_and_loses_nothing(restarted):
     training; the lost state itself is caught bit for bit above."""
     proc, died = restarted
     assert_passed(proc, "resume", 2)
-    results = {r["mode"]: r for r in (json.loads(line) for line in re.findall(r"^RESULT (.*)$", proc.stdout, re.M))}
+    results = {r["mode"]: r for r in tagged(proc.stdout, "RESULT")}
     assert sorted(results) == sorted(MODES), sorted(results)
     for mode, r in results.items():
         print(f"{mode}: resumed {r['resumed']:.4f}, uninterrupted {r['straight']:.4f}, steps {r['iterations']}")
@@ -103,7 +102,7 @@ def test_a_custom_loop_resumes_from_a_tf_train_checkpoint(restarted):
     (tests/mpi/loop_resume.py)."""
     proc, _ = restarted
     assert_passed(proc, "loop", 2)
-    results = {r["mode"]: r for r in (json.loads(line) for line in re.findall(r"^LOOP (.*)$", proc.stdout, re.M))}
+    results = {r["mode"]: r for r in tagged(proc.stdout, "LOOP")}
     assert sorted(results) == sorted(LOOP_MODES), sorted(results)
     for mode, r in results.items():
         assert min(r["iterations"]) > r["saved_iterations"], r
@@ -119,7 +118,7 @@ def test_a_restart_resumes_in_the_mode_a_switch_or_the_schedule_had_put_in_force
     fit holds in the same process's next fit, where the schedule's epoch-1 entry is not applied again."""
     proc, _ = restarted
     assert_passed(proc, "mode", 2)
-    rows = {r["rank"]: r for r in (json.loads(line) for line in re.findall(r"^MODE (.*)$", proc.stdout, re.M))}
+    rows = {r["rank"]: r for r in tagged(proc.stdout, "MODE")}
     assert sorted(rows) == [0, 1], proc.stdout[-3000:]
     assert rows[0]["saved"] == ["ripples-smart", {}], rows[0]
     for rank, r in rows.items():
@@ -133,3 +132,11 @@ def test_a_restart_resumes_in_the_mode_a_switch_or_the_schedule_had_put_in_force
         assert r["scheduled"]["last"] == "allreduce", r
         assert r["next_fit"]["first"] == "allreduce", r
         assert [to for to, _ in r["next_fit"]["switches"]] == ["eager-solo", "allreduce"], r
+
+
+def test_tagged_lines_are_read_whatever_another_rank_printed_beside_them():
+    """The suite once failed on ``MODE {...}PASSED mode rank=0``: mpirun had put rank 0's line between rank 1's text
+    and its newline.  Tagged objects are read up to their own end, with another rank's text before or after."""
+    out = ('MODE {"rank": 1, "a": [1, "}"]}PASSED mode rank=0\n'
+           'PASSED mode rank=1MODE {"rank": 0}\n')
+    assert tagged(out, "MODE") == [{"rank": 1, "a": [1, "}"]}, {"rank": 0}]
