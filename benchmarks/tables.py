@@ -5,8 +5,8 @@
 
 A generated block sits between ``<!-- bench: SCENARIO -->`` and ``<!-- /bench -->``; nothing between the markers
 is written by hand.  A ``<!-- bench-modes: MODE,MODE -->`` block (a mode's page) holds those modes' rows of every
-stored scenario, each against plain Horovod.  A ``<!-- bench-threads: FOLDER -->`` block is made the same way from the runs stored with
-``run.py --thread-cpu`` under benchmarks/thread-profiles/FOLDER/ (a subfolder names a condition of its runs, such as
+stored scenario, each against plain Horovod.  A ``<!-- bench-threads: FOLDER -->`` block is made the same way from
+the runs stored with ``run.py --thread-cpu`` under benchmarks/thread-profiles/FOLDER/ (a subfolder names a condition of its runs, such as
 an environment variable set for them): where each rank's CPU went, per thread.  Per mode, over the scenario's repeats: rank 0's training time (fit's on_train_begin to
 on_train_end) as median and range; the speedup against plain Horovod, per repeat (the modes of one repeat ran one
 after another) and then its median and range; rank 0's time from the end of its first epoch to the end of its

@@ -23,9 +23,9 @@ dilute one slow iteration among a fast rank's many, and random slowdowns were re
   typical (2.5): slowdowns come and go, on any rank.
 * **homogeneous**: neither.
 
-**Hysteresis**: the class in force (from the start, the class whose candidate auto started in) is left only when its own test fails by a margin -- a straggler stays one while
-m_r >= ``straggler_exit`` x typical (1.25), random stays while the slow fraction >= ``random_exit`` (3%) -- and a new
-class must be seen in every evaluation for ``settle`` seconds (2) before it is acted on; switches are at least
+**Hysteresis**: the class in force (from the start, the class whose candidate auto started in) is left only when
+its own test fails by a margin -- a straggler stays one while m_r >= ``straggler_exit`` x typical (1.25), random
+stays while the slow fraction >= ``random_exit`` (3%) -- and a new class must be seen in every evaluation for ``settle`` seconds (2) before it is acted on; switches are at least
 ``min_interval`` seconds apart (10).  Evaluations run at most every 0.25 s.
 
 **Modes** (``candidates``): homogeneous -> "allreduce" (nothing to hide, nothing beats Horovod), straggler ->
@@ -41,7 +41,8 @@ mode name or ``(mode, options)``.
 
 **Start** (``start``, a class, default "straggler"): auto trains in that class's candidate until the policy has
 seen enough to decide.  Starting in the straggler mode loses nothing while the job is measured when one rank is
-slow, and when none is, the homogeneous class moves the job to allreduce after ``settle`` seconds.  The former
+slow; the straggler class is then in force, so the job moves to allreduce once no rank's median iteration or step
+period is ``straggler_exit`` x typical for ``settle`` seconds.  The former
 start, ``start="homogeneous"``, trains at Horovod's pace until a straggler is recognised.
 """
 import statistics
