@@ -26,7 +26,8 @@ dilute one slow iteration among a fast rank's many, and random slowdowns were re
 **Hysteresis**: the class in force (from the start, the class whose candidate auto started in) is left only when
 its own test fails by a margin -- a straggler stays one while m_r >= ``straggler_exit`` x typical (1.25), random
 stays while the slow fraction >= ``random_exit`` (3%) -- and a new class must be seen in every evaluation for
-``settle`` seconds (2) before it is acted on; switches are at least ``min_interval`` seconds apart (10).  Evaluations run at most every 0.25 s.
+``settle`` seconds (2) before it is acted on; switches are at least ``min_interval`` seconds apart (10).
+Evaluations run at most every 0.25 s.
 
 **Modes** (``candidates``): homogeneous -> "allreduce" (nothing to hide, nothing beats Horovod), straggler ->
 "ripples-smart" (the fast ranks P-Reduce among themselves while the slow one computes: the highest median speedup
