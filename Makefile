@@ -37,14 +37,15 @@ test-cluster: install
 demo: install
 	$(PY) examples/benchmark.py --preset demo --out results/demo
 
-# `make bench`: real heterogeneity first -- every scenario of benchmarks/run.py (per-rank CPU quotas, root), every
-# mode against plain Horovod, 3 runs each, stored under benchmarks/results/<date>/ and turned into the README's
-# tables -- then the sleep-emulated Ripples grid.  `make bench-quota` is the first part alone.
+# `make bench`: every scenario of benchmarks/run.py first -- per-rank CPU quotas, 2 emulated hosts, the
+# sleep-emulated slow GPU (root) -- every mode against plain Horovod, 3 runs each, stored under
+# benchmarks/results/<date>/ and turned into the README's tables; then the sleep-emulated Ripples grid (not stored).
+# `make bench-quota` is the first part alone.
 bench: bench-quota
 	$(PY) examples/benchmark.py --preset full --out results/bench
 
 bench-quota: install
-	$(PY) benchmarks/run.py --scenarios slow-node,speeds-1-2-3-5,shared-node,transient,homogeneous,8-workers
+	$(PY) benchmarks/run.py --scenarios slow-node,speeds-1-2-3-5,shared-node,transient,homogeneous,8-workers,2-hosts,slow-gpu
 	$(PY) benchmarks/tables.py
 
 # The README's "Across hosts" tables: every part of examples/bench_cluster.py on the emulated cluster (root).

@@ -9,7 +9,10 @@ The shape of Horovod's ``tensorflow2_keras_mnist.py``: Adam with the learning ra
 ``BroadcastGlobalVariablesCallback(0)``, ``MetricAverageCallback()``, ``LearningRateWarmupCallback``, real epochs of
 ``--steps`` train steps per rank, and a user's own ``hvd.allreduce`` every ``--allreduce-every`` batches.  The data
 is scikit-learn's bundled 8x8 digits (nothing is downloaded) for a small CNN; every step is real compute, nothing is
-emulated: a slow rank is slow because of its CPU quota (benchmarks/quota.py), not a sleep.
+emulated: a slow rank is slow because of its CPU quota (benchmarks/quota.py), not a sleep.  The one exception is
+the sleep-emulated "slow GPU" scenarios (``--device-ms``): there each training forward pass also sleeps an
+accelerator's device time, per sample of the batch, longer on a slow rank (``--device-factors``), with every rank at
+the same CPU quota.
 
 Clocks (each rank's own ``time.monotonic``; nothing is compared across ranks): ``train_s`` runs from fit's
 ``on_train_begin`` to its ``on_train_end`` (``fit`` itself may return much later: tf.data's autotuning can hold a
@@ -46,13 +49,43 @@ def parse(argv=None):
     p.add_argument("--allreduce-every", type=int, default=7, help="a user's hvd.allreduce every N batches (0: none)")
     p.add_argument("--eval-every", type=int, default=10, help="rank 0 evaluates its model every N of its batches")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device-ms", type=float, default=0.0,
+                   help="emulated device time per sample of a training batch, in ms (0: none, real compute only)")
+    p.add_argument("--device-factors", default="",
+                   help="comma list, one per rank: how many times the normal device time each rank's GPU takes")
     p.add_argument("--out", required=True, help="directory for rank<R>.json")
     return p.parse_args(argv)
 
 
-def build_model():
-    """Horovod's example CNN, sized for 8x8 images; built lazily, as there."""
-    return tf.keras.Sequential([
+class DeviceTime(tf.keras.layers.Layer):
+    """Emulated accelerator time: a training forward pass sleeps ``seconds_per_sample`` for every row of its batch.
+
+    Device time grows with the rows a step computes, as a GPU's does, so a mode that gives a slow worker fewer rows
+    (``balanced``) shortens its steps here as it would on a real slow GPU; a CPU quota does not model that, which is
+    why both kinds of scenario are stored.  Evaluation (``training=False``) does not sleep.
+    """
+
+    def __init__(self, seconds_per_sample, **kwargs):
+        super().__init__(**kwargs)
+        self.seconds_per_sample = seconds_per_sample
+
+    def _sleep(self, rows):
+        time.sleep(float(rows) * self.seconds_per_sample)
+        return np.float32(0.0)
+
+    def call(self, x, training=None):
+        if not training:
+            return x
+        slept = tf.py_function(self._sleep, [tf.shape(x)[0]], Tout=tf.float32)
+        with tf.control_dependencies([slept]):
+            return tf.identity(x)
+
+
+def build_model(device_s=0.0):
+    """Horovod's example CNN, sized for 8x8 images; built lazily, as there.  With ``device_s`` (seconds per sample),
+    a :class:`DeviceTime` layer first."""
+    emulated = [DeviceTime(device_s)] if device_s > 0 else []
+    return tf.keras.Sequential(emulated + [
         tf.keras.layers.Conv2D(32, 3, activation="relu", padding="same"),
         tf.keras.layers.Conv2D(64, 3, activation="relu"),
         tf.keras.layers.MaxPooling2D(),
@@ -111,7 +144,10 @@ def main(argv=None):
     x, y, x_test, y_test = digit_images_split(args.seed)
     dataset = (tf.data.Dataset.from_tensor_slices((x[rank::size], y[rank::size])).repeat()
                .shuffle(1000, seed=args.seed + rank).batch(args.batch_size))
-    model = build_model()
+    factors = [float(f) for f in args.device_factors.split(",")] if args.device_factors else [1.0] * size
+    if len(factors) != size:
+        raise SystemExit(f"--device-factors has {len(factors)} values for {size} ranks")
+    model = build_model(args.device_ms / 1000.0 * factors[rank])
     opt = tf.keras.optimizers.Adam(args.lr * size)
     if plain:
         opt = hvd.DistributedOptimizer(opt)

@@ -5,7 +5,10 @@
 
 Each run launches ``horovodrun --mpi -np N benchmarks/in_cgroup.sh python benchmarks/keras_example.py --sync M``:
 each rank in its own cgroup whose CPU quota makes it the node the scenario says (benchmarks/quota.py), the real
-model, nothing emulated.  ``horovod`` is plain ``hvd.DistributedOptimizer`` with no hetsync import; ``allreduce``
+model, nothing emulated -- except in the sleep-emulated scenarios (``EMULATED``, such as ``slow-gpu``), which add a
+slow GPU's device time as a sleep per sample inside each training step, at equal quotas.  ``2-hosts`` runs across
+the emulated hosts of scripts/cluster.sh, each host's cgroup holding its ranks.  ``horovod`` is plain
+``hvd.DistributedOptimizer`` with no hetsync import; ``allreduce``
 is hetsync's synchronous mode, so its overhead is a row of its own.  The modes of one repeat run one after another
 before the next repeat begins, so a drift of the machine spreads over all of them.
 
@@ -30,6 +33,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+CLUSTER = os.path.join(ROOT, "scripts", "cluster.sh")
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
@@ -37,6 +41,7 @@ from common import Progress, run_streamed  # noqa: E402
 from quota import Quotas, Schedule  # noqa: E402
 
 FAST, SLOW = 0.45, 0.09  # of one core: a slow node 5x slower than a fast one
+DEVICE_MS = 1.0  # emulated device time per sample (32 ms a step at batch 32), in the sleep-emulated scenarios
 
 
 def _transient(ranks, seconds=400, every=8.0, lasting=4.0, seed=0):
@@ -59,13 +64,31 @@ SCENARIOS = {
                       what="every 8 s a random rank runs at a fifth of its CPU for 4 s"),
     "homogeneous": dict(quotas=[FAST] * 4, what="four equal ranks"),
     "8-workers": dict(quotas=[FAST / 2] * 7 + [SLOW / 2], what="8 ranks, one 5x slower"),
+    # across 2 emulated hosts (scripts/cluster.sh: network namespaces, 1 Gbit/s links), the second throttled: each
+    # host's cgroup holds its ranks, so h2's two ranks share 2 x SLOW of a core, h1's 2 x FAST
+    "2-hosts": dict(quotas=[FAST, FAST, SLOW, SLOW], hosts={"h1": 2, "h2": 2}, rate="1gbit",
+                    what="2 emulated hosts of 2 ranks on 1 Gbit/s links, host h2 with a fifth of h1's CPU"),
+    # sleep-emulated: device time of a slow GPU (per sample of the batch), every rank at the same CPU quota
+    "slow-gpu": dict(quotas=[FAST] * 4, device=dict(ms=DEVICE_MS, factors=[1, 1, 1, 5]),
+                     what=f"one slow GPU, emulated: every training step sleeps {DEVICE_MS} ms per sample (rank 3: "
+                          "5x that), equal CPU quotas"),
 }
+EMULATED = [s for s, spec in SCENARIOS.items() if "device" in spec]  # the rest: real heterogeneity, CPU quotas
 MODES = ["horovod", "allreduce", "balanced", "ripples-static", "ripples-random", "ripples-smart", "eager-solo",
          "eager-majority", "hop", "esync", "od-sgd", "auto"]  # plain Horovod, then every hetsync mode
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMPI_MCA_mpi_yield_when_idle": "1",
            "OMPI_MCA_btl_vader_single_copy_mechanism": "none", "TF_CPP_MIN_LOG_LEVEL": "2",
            "TF_NUM_INTEROP_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def cluster_up(spec):
+    """The scenario's emulated hosts (scripts/cluster.sh up), each host's cgroup at its ranks' quotas summed."""
+    ranks, quota, cpus = iter(spec["quotas"]), {}, []
+    for host, k in spec["hosts"].items():
+        quota[host] = sum(next(ranks) for _ in range(k))
+        cpus += ["--cpu", f"{host}={quota[host]:.4f}"]
+    subprocess.run(["bash", CLUSTER, "up", str(len(spec["hosts"])), "--rate", spec["rate"]] + cpus, check=True)
 
 
 def machine():
@@ -89,17 +112,26 @@ def run_one(scenario, mode, repeat, args, quotas, out):
     spec = SCENARIOS[scenario]
     n = len(spec["quotas"])
     work = tempfile.mkdtemp(prefix="hetsync-bench-")
-    cmd = ["horovodrun", "--mpi", "-np", str(n), "-H", f"localhost:{n}", "sh", os.path.join(HERE, "in_cgroup.sh"),
-           sys.executable, os.path.join(HERE, "keras_example.py"), "--sync", mode, "--epochs", str(args.epochs),
-           "--steps", str(args.steps), "--out", work]
+    script = [sys.executable, os.path.join(HERE, "keras_example.py"), "--sync", mode, "--epochs", str(args.epochs),
+              "--steps", str(args.steps), "--out", work]
+    if "hosts" in spec:  # the hosts' cgroups (cluster.sh up --cpu) hold the quotas
+        hosts = ",".join(f"{h}:{k}" for h, k in spec["hosts"].items())
+        cmd = ["bash", CLUSTER, "horovodrun", "--mpi", "-np", str(n), "-H", hosts] + script
+    else:
+        cmd = ["horovodrun", "--mpi", "-np", str(n), "-H", f"localhost:{n}", "sh", os.path.join(HERE, "in_cgroup.sh")]
+        cmd += script
+    if "device" in spec:  # sleep-emulated device time (keras_example.DeviceTime)
+        cmd += ["--device-ms", str(spec["device"]["ms"]), "--device-factors",
+                ",".join(str(f) for f in spec["device"]["factors"])]
     if args.sync_options:  # a trial of a mode's options; the record keeps them (tables.py leaves such runs out)
         cmd += ["--sync-options", args.sync_options]
     if args.thread_cpu:  # every rank's threads sampled from /proc (benchmarks/thread_cpu.py), stored with the run
         cmd = [sys.executable, os.path.join(HERE, "thread_cpu.py"), "--per-rank", "--json",
                os.path.join(work, "threads.json"), "--"] + cmd
-    env = dict(os.environ, **MPI_ENV, HETSYNC_BENCH_CGROUP=quotas.path,
-               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    quotas.set(spec["quotas"])
+    env = dict(os.environ, **MPI_ENV, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    if quotas is not None:
+        env["HETSYNC_BENCH_CGROUP"] = quotas.path
+        quotas.set(spec["quotas"])
     schedule = Schedule(quotas, spec.get("changes", []))
     began = time.monotonic()
     schedule.start()
@@ -119,6 +151,7 @@ def run_one(scenario, mode, repeat, args, quotas, out):
               "epochs": args.epochs, "steps": args.steps,
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "command": " ".join(cmd), "machine": machine(), "quotas": spec["quotas"],
+              "device": spec.get("device"), "hosts": spec.get("hosts"),
               "quota_changes": schedule.applied, "returncode": proc.returncode, "job_wall_s": round(wall, 2),
               "sync_options": args.sync_options or None,
               "horovod_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("HOROVOD_")},
@@ -159,7 +192,10 @@ def main(argv=None):
     jobs = [(s, m, k) for s in scenarios for k in range(first, first + args.repeats) for m in modes]
     progress = Progress(len(jobs), estimate_s=90)
     for scenario in scenarios:
-        quotas = Quotas(len(SCENARIOS[scenario]["quotas"]))
+        spec = SCENARIOS[scenario]
+        quotas = None if "hosts" in spec else Quotas(len(spec["quotas"]))
+        if "hosts" in spec:
+            cluster_up(spec)
         try:
             for s, mode, repeat in [j for j in jobs if j[0] == scenario]:
                 progress.begin(f"{s} {mode} run {repeat}")
@@ -168,7 +204,10 @@ def main(argv=None):
                 progress.end(f"{s} {mode} run {repeat}: exit {rec['returncode']}, rank 0 trained "
                              f"{r0.get('train_s') or float('nan'):.1f} s, job {rec['job_wall_s']:.0f} s")
         finally:
-            quotas.remove()
+            if quotas is None:
+                subprocess.run(["bash", CLUSTER, "down"], check=False)
+            else:
+                quotas.remove()
     print(f"results: {args.out} (benchmarks/tables.py makes the tables)")
 
 
