@@ -20,6 +20,7 @@ steps, rank 0's accuracy curve); with ``--thread-cpu``, each rank's CPU seconds 
 makes the README's tables from them.  Prints [i/N] and an ETA.
 """
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -33,10 +34,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-CLUSTER = os.path.join(ROOT, "scripts", "cluster.sh")
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
+from cluster_hosts import Cluster, launcher  # noqa: E402
 from common import Progress, run_streamed  # noqa: E402
 from quota import Quotas, Schedule  # noqa: E402
 
@@ -82,13 +83,12 @@ MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "TF_NUM_INTEROP_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
-def cluster_up(spec):
-    """The scenario's emulated hosts (scripts/cluster.sh up), each host's cgroup at its ranks' quotas summed."""
-    ranks, quota, cpus = iter(spec["quotas"]), {}, []
+def cluster(spec):
+    """The scenario's emulated hosts (scripts/cluster.sh), each host's cgroup at its ranks' quotas summed."""
+    ranks, cpus = iter(spec["quotas"]), []
     for host, k in spec["hosts"].items():
-        quota[host] = sum(next(ranks) for _ in range(k))
-        cpus += ["--cpu", f"{host}={quota[host]:.4f}"]
-    subprocess.run(["bash", CLUSTER, "up", str(len(spec["hosts"])), "--rate", spec["rate"]] + cpus, check=True)
+        cpus.append(f"{host}={sum(next(ranks) for _ in range(k)):.4f}")
+    return Cluster(len(spec["hosts"]), rate=spec["rate"], cpu=cpus)
 
 
 def machine():
@@ -114,9 +114,9 @@ def run_one(scenario, mode, repeat, args, quotas, out):
     work = tempfile.mkdtemp(prefix="hetsync-bench-")
     script = [sys.executable, os.path.join(HERE, "keras_example.py"), "--sync", mode, "--epochs", str(args.epochs),
               "--steps", str(args.steps), "--out", work]
-    if "hosts" in spec:  # the hosts' cgroups (cluster.sh up --cpu) hold the quotas
-        hosts = ",".join(f"{h}:{k}" for h, k in spec["hosts"].items())
-        cmd = ["bash", CLUSTER, "horovodrun", "--mpi", "-np", str(n), "-H", hosts] + script
+    env = dict(os.environ, **MPI_ENV, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    if "hosts" in spec:  # Open MPI across the emulated hosts, whose cgroups (cluster.sh up --cpu) hold the quotas
+        cmd = launcher(n, ",".join(f"{h}:{k}" for h, k in spec["hosts"].items()), env) + script
     else:
         cmd = ["horovodrun", "--mpi", "-np", str(n), "-H", f"localhost:{n}", "sh", os.path.join(HERE, "in_cgroup.sh")]
         cmd += script
@@ -128,7 +128,6 @@ def run_one(scenario, mode, repeat, args, quotas, out):
     if args.thread_cpu:  # every rank's threads sampled from /proc (benchmarks/thread_cpu.py), stored with the run
         cmd = [sys.executable, os.path.join(HERE, "thread_cpu.py"), "--per-rank", "--json",
                os.path.join(work, "threads.json"), "--"] + cmd
-    env = dict(os.environ, **MPI_ENV, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     if quotas is not None:
         env["HETSYNC_BENCH_CGROUP"] = quotas.path
         quotas.set(spec["quotas"])
@@ -193,21 +192,18 @@ def main(argv=None):
     progress = Progress(len(jobs), estimate_s=90)
     for scenario in scenarios:
         spec = SCENARIOS[scenario]
-        quotas = None if "hosts" in spec else Quotas(len(spec["quotas"]))
-        if "hosts" in spec:
-            cluster_up(spec)
-        try:
-            for s, mode, repeat in [j for j in jobs if j[0] == scenario]:
-                progress.begin(f"{s} {mode} run {repeat}")
-                rec = run_one(s, mode, repeat, args, quotas, args.out)
-                r0 = rec["ranks"][0] or {}
-                progress.end(f"{s} {mode} run {repeat}: exit {rec['returncode']}, rank 0 trained "
-                             f"{r0.get('train_s') or float('nan'):.1f} s, job {rec['job_wall_s']:.0f} s")
-        finally:
-            if quotas is None:
-                subprocess.run(["bash", CLUSTER, "down"], check=False)
-            else:
-                quotas.remove()
+        with cluster(spec) if "hosts" in spec else contextlib.nullcontext():
+            quotas = None if "hosts" in spec else Quotas(len(spec["quotas"]))
+            try:
+                for s, mode, repeat in [j for j in jobs if j[0] == scenario]:
+                    progress.begin(f"{s} {mode} run {repeat}")
+                    rec = run_one(s, mode, repeat, args, quotas, args.out)
+                    r0 = rec["ranks"][0] or {}
+                    progress.end(f"{s} {mode} run {repeat}: exit {rec['returncode']}, rank 0 trained "
+                                 f"{r0.get('train_s') or float('nan'):.1f} s, job {rec['job_wall_s']:.0f} s")
+            finally:
+                if quotas is not None:
+                    quotas.remove()
     print(f"results: {args.out} (benchmarks/tables.py makes the tables)")
 
 
