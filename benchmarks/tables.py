@@ -1,19 +1,22 @@
 """The README's benchmark tables, generated from the stored runs (benchmarks/results/<date>/*.json, benchmarks/run.py).
 
     python benchmarks/tables.py            # rewrites every generated block in README.md and docs/benchmarks.md
-    python benchmarks/tables.py --check    # exit 1 if a block differs from what the stored runs give
+    python benchmarks/tables.py --check    # exit 1 if a block differs from what the stored runs give, or if a
+                                           # measured figure was typed by hand into the README or a mode page
 
-A generated block sits between ``<!-- bench: SCENARIO -->`` and ``<!-- /bench -->``; nothing between the markers
-is written by hand.  A ``<!-- bench-modes: MODE,MODE -->`` block (a mode's page) holds those modes' rows of every
-stored scenario, each against plain Horovod.  A ``<!-- bench-threads: FOLDER -->`` block is made the same way from
-the runs stored with ``run.py --thread-cpu`` under benchmarks/thread-profiles/FOLDER/ (a subfolder names a condition of its runs, such as
-an environment variable set for them): where each rank's CPU went, per thread.  Per mode, over the scenario's repeats: rank 0's training time (fit's on_train_begin to
+A generated block sits between ``<!-- bench: SCENARIO -->`` and ``<!-- /bench -->``; nothing between the markers is
+written by hand. A ``<!-- bench-modes: MODE,MODE -->`` block (a mode's page) holds those modes' rows of every stored
+scenario, each against plain Horovod. A ``<!-- bench-threads: FOLDER -->`` block is made the same way from the runs
+stored with ``run.py --thread-cpu`` under benchmarks/thread-profiles/FOLDER/ (a subfolder names a condition of its
+runs, such as an environment variable set for them): where each rank's CPU went, per thread. A figure in running
+text sits between ``<!-- fig: SCENARIO MODE COLUMN [vs=MODE] [runs=A-B] [stat=S] -->`` and ``<!-- /fig -->``
+(:func:`figure`). Per mode, over the scenario's repeats: rank 0's training time (fit's on_train_begin to
 on_train_end) as median and range; the speedup against plain Horovod, per repeat (the modes of one repeat ran one
-after another) and then its median and range; rank 0's time from the end of its first epoch to the end of its
-last (the steady state: no first-step tracing in it), with the same speedup; the time until rank 0's model first reached the target accuracy on
-the held-out set (its curve is sampled every 10 of its batches), with the same speedup; the final accuracy; the
-job's wall time (launch to exit, the driver's clock: a teardown stall shows there, not in training).  Under a
-table, each run that recorded its live switches (``sync="auto"``) lists them.
+after another) and then its median and range; rank 0's time from the end of its first epoch to the end of its last
+(the steady state: no first-step tracing in it), with the same speedup; the time until rank 0's model first reached
+the target accuracy on the held-out set (its curve is sampled every 10 of its batches), with the same speedup; the
+final accuracy; the job's wall time (launch to exit, the driver's clock: a teardown stall shows there, not in
+training). Under a table, each run that recorded its live switches (``sync="auto"``) lists them.
 """
 import argparse
 import glob
@@ -27,6 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 TARGET = 0.9  # held-out accuracy of "time to target"
 PAGES = [os.path.join(ROOT, "README.md"), os.path.join(ROOT, "docs", "benchmarks.md"),
+         os.path.join(ROOT, "docs", "switching.md"),
          *sorted(glob.glob(os.path.join(ROOT, "docs", "modes", "*.md")))]
 BLOCK = re.compile(r"(<!-- bench: (?P<scenario>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- /bench -->)", re.S)
 MODES_BLOCK = re.compile(r"(<!-- bench-modes: (?P<modes>[a-z0-9,-]+) -->\n)(?P<body>.*?)(<!-- /bench-modes -->)", re.S)
@@ -76,9 +80,10 @@ def _spread(values, fmt):
     return f"{fmt.format(med)} ({fmt.format(min(values))}-{fmt.format(max(values))})"
 
 
-def summary(modes, target=TARGET):
-    """Per mode: the columns' values, each a list over the repeats that both it and the baseline completed."""
-    base = modes.get(BASELINE, {})
+def summary(modes, target=TARGET, baseline=BASELINE):
+    """Per mode: the columns' values, each a list over the repeats that both it and the baseline completed (the
+    speedups: the baseline's time over the mode's, repeat by repeat)."""
+    base = modes.get(baseline, {})
     rows = {}
     for mode, repeats in modes.items():
         done = {k: r for k, r in repeats.items() if ok(r)}
@@ -170,12 +175,18 @@ def _switches(modes):
     return ["", *out] if out else []
 
 
+def _emulated(modes):
+    """`` (emulated)`` after a sleep-emulated scenario's name, so that its rows are not read as real heterogeneity."""
+    return " (emulated)" if any(rec.get("device") for repeats in modes.values() for rec in repeats.values()) else ""
+
+
 def modes_table(modes, runs, target=TARGET):
     """The rows of ``modes`` in every stored scenario (a mode's page): its speedups against plain Horovod, paired run
     by run as in :func:`table`, and its accuracy beside Horovod's."""
     pct = int(round(target * 100))
-    lines = ["Generated from the stored CPU-quota runs (docs/benchmarks.md has each scenario's full table, machine "
-             "and commits).  Median (range) over the runs.",
+    lines = ["Generated from the stored runs: CPU quotas (real heterogeneity), and sleep-emulated device time where "
+             "the scenario says *emulated* (docs/benchmarks.md has each scenario's full table, machine and commits).  "
+             "Median (range) over the runs.",
              "",
              f"| scenario | mode | training, vs Horovod | epochs 2-N, vs Horovod | time to {pct}% accuracy, vs Horovod "
              "| final accuracy | Horovod's accuracy | runs |",
@@ -187,12 +198,83 @@ def modes_table(modes, runs, target=TARGET):
             if mode not in rows:
                 continue
             r = rows[mode]
-            lines.append(f"| `{scenario}` | `{mode}` | {_spread(r['speedup'], '{:.2f}x')} | "
+            lines.append(f"| `{scenario}`{_emulated(runs[scenario])} | `{mode}` | {_spread(r['speedup'], '{:.2f}x')} | "
                          f"{_spread(r['steady_speedup'], '{:.2f}x')} | {_spread(r['ttt_speedup'], '{:.2f}x')} | "
                          f"{_spread(r['accuracy'], '{:.3f}')} | {_spread(base, '{:.3f}')} | {r['runs']} |")
     if len(lines) == 4:
         return f"No stored run of {', '.join(f'`{m}`' for m in modes)} yet.\n"
     return "\n".join(lines) + "\n"
+
+
+FIGURE = re.compile(r"<!-- fig: (?P<spec>[^>]*?) -->(?P<body>.*?)<!-- /fig -->", re.S)
+FORMATS = {"train": "{:.1f} s", "steady": "{:.1f} s", "ttt": "{:.1f} s", "wall": "{:.0f} s", "accuracy": "{:.3f}",
+           "speedup": "{:.2f}x", "steady_speedup": "{:.2f}x", "ttt_speedup": "{:.2f}x"}
+STATS = ("spread", "median", "range", "each", "min", "max")
+# A figure typed into a page instead of generated: a measured ratio (``2.44x``) or decimal seconds (``12.8 s``).
+# Integer ratios (``5x slower``) describe a scenario, not a result.
+HAND_TYPED = re.compile(r"\b\d+\.\d+x\b|\b\d+\.\d+(?:-\d+\.\d+)? s\b")
+# Where no figure may be typed by hand: the README, and each mode page from its "## Measured" section on (a mode
+# page's "The paper's rules and ours" table quotes the option comparisons of docs/paper-fidelity.md, not stored).
+STRICT_PAGES = [(os.path.join(ROOT, "README.md"), None),
+                *[(page, "\n## Measured") for page in sorted(glob.glob(os.path.join(ROOT, "docs", "modes", "*.md")))]]
+
+
+def figure(spec, runs, target=TARGET):
+    """One figure in running text, from ``<!-- fig: SCENARIO MODE COLUMN [vs=MODE] [runs=A-B] [stat=S] -->``.
+
+    COLUMN is one of :func:`summary`'s (``train``, ``steady``, ``ttt``, ``wall``, ``accuracy``, or a speedup:
+    ``speedup``, ``steady_speedup``, ``ttt_speedup``); a speedup is against plain Horovod of the same repeat, or
+    against ``vs=MODE``; ``runs=A-B`` keeps repeats A..B; S is ``spread`` (median and range, the default),
+    ``median``, ``range``, ``each`` (every run, in repeat order), ``min`` or ``max``.  A spec naming anything not
+    stored raises, so a page cannot keep a figure whose runs are gone."""
+    words = spec.split()
+    if len(words) < 3:
+        raise ValueError(f"figure {spec!r}: needs SCENARIO MODE COLUMN")
+    scenario, mode, column = words[:3]
+    opts = dict(w.split("=", 1) for w in words[3:])
+    unknown = set(opts) - {"vs", "runs", "stat"}
+    stat = opts.get("stat", "spread")
+    if unknown or column not in FORMATS or stat not in STATS or scenario not in runs:
+        raise ValueError(f"figure {spec!r}: unknown {sorted(unknown) or column if column not in FORMATS else stat}"
+                         f" or no stored scenario")
+    modes = runs[scenario]
+    if "runs" in opts:
+        first, _, last = opts["runs"].partition("-")
+        keep = range(int(first), int(last or first) + 1)
+        modes = {m: {k: r for k, r in reps.items() if k in keep} for m, reps in modes.items()}
+    rows = summary(modes, target, baseline=opts.get("vs", BASELINE))
+    values = [v for v in rows.get(mode, {}).get(column, []) if v is not None]
+    if not values:
+        raise ValueError(f"figure {spec!r}: no stored value")
+    fmt = FORMATS[column]
+    unit = fmt[fmt.index("}") + 1:]
+    bare = fmt[:fmt.index("}") + 1]
+    if stat == "spread":
+        return _spread(values, fmt)
+    if stat == "range":
+        return f"{bare.format(min(values))}-{bare.format(max(values))}{unit}" if len(values) > 1 else fmt.format(
+            values[0])
+    if stat == "each":
+        return " / ".join(bare.format(v) for v in values) + unit
+    pick = {"median": statistics.median, "min": min, "max": max}[stat]
+    return fmt.format(pick(values))
+
+
+FENCED = re.compile(r"^```.*?^```", re.S | re.M)  # a program's printed output, shown as an example of it
+
+
+def hand_typed(text):
+    """The measured figures of ``text`` that no generated block or figure made: each one a number nobody can
+    regenerate from the stored runs.  A fenced block is a program's output shown as such, not a figure."""
+    for pattern in (BLOCK, MODES_BLOCK, THREADS, FIGURE, FENCED):
+        text = pattern.sub("", text)
+    return HAND_TYPED.findall(text)
+
+
+def _section(text, heading):
+    """``text`` from ``heading`` on (all of it when ``heading`` is None or absent)."""
+    at = text.find(heading) if heading else -1
+    return text[at:] if at >= 0 else text
 
 
 def thread_rows(folder):
@@ -245,7 +327,8 @@ def threads_table(folder):
                 for k in kinds if any(k in per[r] for r in fast)}
         steady = after_first_epoch(rec["ranks"][0]) if ok(rec) else None
         env = ", ".join(f"{k}={v}" for k, v in (rec.get("horovod_env") or {}).items())
-        lines.append(f"| `{rec['scenario']}` | {'plain Horovod' if rec['mode'] == BASELINE else '`' + rec['mode'] + '`'}"
+        name = "plain Horovod" if rec["mode"] == BASELINE else f"`{rec['mode']}`"
+        lines.append(f"| `{rec['scenario']}` | {name}"
                      f" | {condition or env or 'defaults'} | {'--' if steady is None else f'{steady:.1f}'} | "
                      f"{_cpu(mean, kinds)} | {_cpu(per[slow], kinds)} |")
     return "\n".join(lines) + "\n"
@@ -259,6 +342,7 @@ def render(text, runs):
         return m.group(1) + body + m.group(4)
 
     text = BLOCK.sub(block, text)
+    text = FIGURE.sub(lambda m: f"<!-- fig: {m.group('spec')} -->{figure(m.group('spec'), runs)}<!-- /fig -->", text)
     text = MODES_BLOCK.sub(lambda m: m.group(1) + modes_table(m.group("modes").split(","), runs) + m.group(4), text)
     return THREADS.sub(lambda m: m.group(1) + threads_table(m.group("folder")) + m.group(4), text)
 
@@ -277,8 +361,14 @@ def main(argv=None):
             stale.append(os.path.relpath(page, ROOT))
             if not args.check:
                 open(page, "w").write(new)
-    if args.check and stale:
-        print(f"generated benchmark tables out of date in {', '.join(stale)}: run python benchmarks/tables.py")
+    typed = {os.path.relpath(page, ROOT): hand_typed(_section(open(page).read(), section))
+             for page, section in STRICT_PAGES}
+    typed = {page: figures for page, figures in typed.items() if figures}
+    if args.check and (stale or typed):
+        if stale:
+            print(f"generated benchmark tables out of date in {', '.join(stale)}: run python benchmarks/tables.py")
+        for page, figures in typed.items():
+            print(f"{page}: measured figures typed by hand, not generated from a stored run: {', '.join(figures)}")
         return 1
     print("benchmark tables " + ("up to date" if args.check else f"written ({', '.join(stale) or 'no change'})"))
     return 0

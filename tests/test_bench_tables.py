@@ -12,7 +12,8 @@ import tables  # noqa: E402
 
 
 def test_every_generated_table_matches_the_stored_runs():
-    """A number typed into a generated block, or a stored run changed without regenerating, fails here."""
+    """A number typed into a generated block, a stored run changed without regenerating, or a measured figure typed
+    by hand into the README or a mode page's Measured section, fails here."""
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "tables.py"), "--check"], cwd=ROOT,
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -111,3 +112,39 @@ def test_thread_tables_split_each_rank_by_thread_and_tell_fast_from_slow(tmp_pat
     text = tables.threads_table("day")
     # fast ranks 0 and 1: main (4+2)/2, engine (0+2)/2, other (6+2+0)/2; system (5+0 + 0+1+0)/2
     assert "| `s` | `eager-solo` | some-knob | 30.0 | 3.0 / 1.0 / 4.0 (3.0) | 1.5 / -- / -- (0.5) |" in text, text
+
+
+def test_a_figure_in_running_text_is_read_off_the_stored_runs(tmp_path):
+    """``<!-- fig: ... -->`` picks a column of one mode, pairs it run by run with plain Horovod or with ``vs=``,
+    keeps only ``runs=A-B``; a figure whose runs are not stored fails instead of keeping its old text."""
+    day = tmp_path / "2026-01-01"
+    day.mkdir()
+    runs = [_record("horovod", k, t, [(1.0, 0.95, 0.1)]) for k, t in ((1, 100.0), (2, 90.0), (3, 80.0))]
+    runs += [_record("esync", k, t, [(1.0, 0.95, 0.1)]) for k, t in ((1, 50.0), (2, 60.0), (3, 40.0))]
+    runs += [_record("auto", k, t, [(1.0, 0.95, 0.1)]) for k, t in ((1, 25.0), (2, 20.0), (3, 80.0))]
+    for rec in runs:
+        (day / f"{rec['mode']}-{rec['repeat']}.json").write_text(json.dumps(rec))
+    stored = tables.load(str(tmp_path))
+    assert tables.figure("s esync speedup", stored) == "2.00x (1.50x-2.00x)"      # 100/50, 90/60, 80/40
+    assert tables.figure("s esync speedup stat=each", stored) == "2.00 / 1.50 / 2.00x"
+    assert tables.figure("s auto speedup vs=esync stat=median", stored) == "2.00x"  # 2.0, 3.0, 0.5
+    assert tables.figure("s esync train runs=2-3 stat=range", stored) == "40.0-60.0 s"
+    assert tables.figure("s horovod train runs=2", stored) == "90.0 s"
+    page = "a <!-- fig: s esync speedup stat=median -->9.99x<!-- /fig --> b"
+    assert tables.render(page, stored) == "a <!-- fig: s esync speedup stat=median -->2.00x<!-- /fig --> b"
+    for gone in ("s hop speedup", "other esync speedup", "s esync speedup runs=7-9", "s esync fastness"):
+        try:
+            tables.figure(gone, stored)
+        except ValueError:
+            continue
+        raise AssertionError(f"{gone!r} gave a figure without stored runs")
+
+
+def test_a_measured_figure_typed_by_hand_is_found_and_a_generated_one_is_not():
+    """The README and the mode pages' Measured sections may hold no measured figure (a ratio such as 2.44x, or
+    decimal seconds) that was not generated; a scenario's integer ratio (5x slower) and a program's printed output
+    in a fenced block are not figures."""
+    text = ("one 5x slower node; ripples-smart 2.44x Horovod, epochs in 12.8-22.5 s and 9.0 s.\n"
+            "<!-- fig: s m speedup -->3.10x<!-- /fig -->\n<!-- bench: s -->\n| m | 1.20x | 33.0 s |\n<!-- /bench -->\n"
+            "```text\nloop 9.3 s, 1.50x\n```\n")
+    assert tables.hand_typed(text) == ["2.44x", "12.8-22.5 s", "9.0 s"]
