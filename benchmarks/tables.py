@@ -232,11 +232,11 @@ def figure(spec, runs, target=TARGET):
         raise ValueError(f"figure {spec!r}: needs SCENARIO MODE COLUMN")
     scenario, mode, column = words[:3]
     opts = dict(w.split("=", 1) for w in words[3:])
-    unknown = set(opts) - {"vs", "runs", "stat"}
     stat = opts.get("stat", "spread")
-    if unknown or column not in FORMATS or stat not in STATS or scenario not in runs:
-        raise ValueError(f"figure {spec!r}: unknown {sorted(unknown) or column if column not in FORMATS else stat}"
-                         f" or no stored scenario")
+    for what, value, known in (("option", sorted(set(opts) - {"vs", "runs", "stat"}), []),
+                               ("column", column, FORMATS), ("stat", stat, STATS), ("scenario", scenario, runs)):
+        if value and value not in known:
+            raise ValueError(f"figure {spec!r}: unknown {what} {value} (known: {', '.join(known) or 'vs, runs, stat'})")
     modes = runs[scenario]
     if "runs" in opts:
         first, _, last = opts["runs"].partition("-")
@@ -245,18 +245,20 @@ def figure(spec, runs, target=TARGET):
     rows = summary(modes, target, baseline=opts.get("vs", BASELINE))
     values = [v for v in rows.get(mode, {}).get(column, []) if v is not None]
     if not values:
-        raise ValueError(f"figure {spec!r}: no stored value")
-    fmt = FORMATS[column]
-    unit = fmt[fmt.index("}") + 1:]
-    bare = fmt[:fmt.index("}") + 1]
+        raise ValueError(f"figure {spec!r}: no stored run gives it")
+    return _formatted(values, FORMATS[column], stat)
+
+
+def _formatted(values, fmt, stat):
+    """``values`` (in repeat order) as ``stat`` says, each number as ``fmt``, its unit written once."""
+    number, unit = fmt[:fmt.index("}") + 1], fmt[fmt.index("}") + 1:]
     if stat == "spread":
         return _spread(values, fmt)
-    if stat == "range":
-        return f"{bare.format(min(values))}-{bare.format(max(values))}{unit}" if len(values) > 1 else fmt.format(
-            values[0])
+    if stat == "range" and len(values) > 1:
+        return f"{number.format(min(values))}-{number.format(max(values))}{unit}"
     if stat == "each":
-        return " / ".join(bare.format(v) for v in values) + unit
-    pick = {"median": statistics.median, "min": min, "max": max}[stat]
+        return " / ".join(number.format(v) for v in values) + unit
+    pick = {"median": statistics.median, "range": statistics.median, "min": min, "max": max}[stat]
     return fmt.format(pick(values))
 
 
