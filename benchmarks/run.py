@@ -5,7 +5,7 @@
 
 Each run launches ``horovodrun --mpi -np N benchmarks/in_cgroup.sh python benchmarks/keras_example.py --sync M``:
 each rank in its own cgroup whose CPU quota makes it the node the scenario says (benchmarks/quota.py), the real
-model, nothing emulated -- except in the sleep-emulated scenarios (``EMULATED``, such as ``slow-gpu``), which add a
+model, nothing emulated -- except in the sleep-emulated scenarios (``EMULATED``: ``slow-gpu``), which add a
 slow GPU's device time as a sleep per sample inside each training step, at equal quotas.  ``2-hosts`` runs across
 the emulated hosts of scripts/cluster.sh, each host's cgroup holding its ranks.  ``horovod`` is plain
 ``hvd.DistributedOptimizer`` with no hetsync import; ``allreduce``
@@ -167,7 +167,8 @@ def run_one(scenario, mode, repeat, args, quotas, out):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--scenarios", default="slow-node", help=f"comma list of {', '.join(SCENARIOS)}")
+    p.add_argument("--scenarios", default="slow-node",
+                   help=f"comma list of {', '.join(SCENARIOS)} (sleep-emulated: {', '.join(EMULATED)})")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--first-repeat", type=int, default=1,

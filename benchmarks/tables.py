@@ -206,7 +206,7 @@ def modes_table(modes, runs, target=TARGET):
     return "\n".join(lines) + "\n"
 
 
-FIGURE = re.compile(r"<!-- fig: (?P<spec>[^>]*?) -->(?P<body>.*?)<!-- /fig -->", re.S)
+FIGURE = re.compile(r"<!-- fig: (?P<spec>[^>]*?) -->(?P<body>(?:(?!<!--).)*?)<!-- /fig -->", re.S)
 FORMATS = {"train": "{:.1f} s", "steady": "{:.1f} s", "ttt": "{:.1f} s", "wall": "{:.0f} s", "accuracy": "{:.3f}",
            "speedup": "{:.2f}x", "steady_speedup": "{:.2f}x", "ttt_speedup": "{:.2f}x"}
 STATS = ("spread", "median", "range", "each", "min", "max")
@@ -344,6 +344,8 @@ def render(text, runs):
         return m.group(1) + body + m.group(4)
 
     text = BLOCK.sub(block, text)
+    if text.count("<!-- fig:") != len(FIGURE.findall(text)):
+        raise ValueError("a <!-- fig: ... --> without its own <!-- /fig --> (a figure may not hold another)")
     text = FIGURE.sub(lambda m: f"<!-- fig: {m.group('spec')} -->{figure(m.group('spec'), runs)}<!-- /fig -->", text)
     text = MODES_BLOCK.sub(lambda m: m.group(1) + modes_table(m.group("modes").split(","), runs) + m.group(4), text)
     return THREADS.sub(lambda m: m.group(1) + threads_table(m.group("folder")) + m.group(4), text)

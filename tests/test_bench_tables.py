@@ -132,6 +132,13 @@ def test_a_figure_in_running_text_is_read_off_the_stored_runs(tmp_path):
     assert tables.figure("s horovod train runs=2", stored) == "90.0 s"
     page = "a <!-- fig: s esync speedup stat=median -->9.99x<!-- /fig --> b"
     assert tables.render(page, stored) == "a <!-- fig: s esync speedup stat=median -->2.00x<!-- /fig --> b"
+    unclosed = "<!-- fig: s esync speedup -->1x<!-- /fig--> and <!-- fig: s auto speedup -->2x<!-- /fig -->"
+    try:
+        tables.render(unclosed, stored)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("a figure without its closing marker swallowed the next one")
     for gone in ("s hop speedup", "other esync speedup", "s esync speedup runs=7-9", "s esync fastness"):
         try:
             tables.figure(gone, stored)
