@@ -194,11 +194,12 @@ def modes_table(modes, runs, target=TARGET):
     for scenario in sorted(runs):
         rows = summary(runs[scenario], target)
         base = rows.get(BASELINE, {}).get("accuracy", [])
+        name = f"`{scenario}`{_emulated(runs[scenario])}"
         for mode in modes:
             if mode not in rows:
                 continue
             r = rows[mode]
-            lines.append(f"| `{scenario}`{_emulated(runs[scenario])} | `{mode}` | {_spread(r['speedup'], '{:.2f}x')} | "
+            lines.append(f"| {name} | `{mode}` | {_spread(r['speedup'], '{:.2f}x')} | "
                          f"{_spread(r['steady_speedup'], '{:.2f}x')} | {_spread(r['ttt_speedup'], '{:.2f}x')} | "
                          f"{_spread(r['accuracy'], '{:.3f}')} | {_spread(base, '{:.3f}')} | {r['runs']} |")
     if len(lines) == 4:
@@ -215,8 +216,7 @@ STATS = ("spread", "median", "range", "each", "min", "max")
 HAND_TYPED = re.compile(r"\b\d+\.\d+x\b|\b\d+\.\d+(?:-\d+\.\d+)? s\b")
 # Where no figure may be typed by hand: the README, and each mode page from its "## Measured" section on (a mode
 # page's "The paper's rules and ours" table quotes the option comparisons of docs/paper-fidelity.md, not stored).
-STRICT_PAGES = [(os.path.join(ROOT, "README.md"), None),
-                *[(page, "\n## Measured") for page in sorted(glob.glob(os.path.join(ROOT, "docs", "modes", "*.md")))]]
+STRICT = {PAGES[0]: None, **{page: "\n## Measured" for page in PAGES if os.sep + "modes" + os.sep in page}}
 
 
 def figure(spec, runs, target=TARGET):
@@ -353,9 +353,11 @@ def render(text, runs):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--check", action="store_true", help="exit 1 if a generated block differs from the stored runs")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 if a generated block differs from the stored runs, or a measured figure was typed "
+                        "by hand")
     args = p.parse_args(argv)
-    runs, stale = load(), []
+    runs, stale, typed = load(), [], {}
     for page in PAGES:
         if not os.path.exists(page):
             continue
@@ -365,9 +367,9 @@ def main(argv=None):
             stale.append(os.path.relpath(page, ROOT))
             if not args.check:
                 open(page, "w").write(new)
-    typed = {os.path.relpath(page, ROOT): hand_typed(_section(open(page).read(), section))
-             for page, section in STRICT_PAGES}
-    typed = {page: figures for page, figures in typed.items() if figures}
+        figures = hand_typed(_section(text, STRICT[page])) if page in STRICT else []
+        if figures:
+            typed[os.path.relpath(page, ROOT)] = figures
     if args.check and (stale or typed):
         if stale:
             print(f"generated benchmark tables out of date in {', '.join(stale)}: run python benchmarks/tables.py")
