@@ -2,6 +2,8 @@
 
     sudo python benchmarks/run.py                           # the headline scenario, every mode, 3 runs each
     python benchmarks/run.py --scenarios slow-node,homogeneous --modes horovod,allreduce,esync --repeats 3
+    python benchmarks/run.py --modes horovod,esync,esync/on_ready=abort   # a mode, and the same mode with one of
+                                                                          # its options set (docs/paper-fidelity.md)
 
 Each run launches ``horovodrun --mpi -np N benchmarks/in_cgroup.sh python benchmarks/keras_example.py --sync M``:
 each rank in its own cgroup whose CPU quota makes it the node the scenario says (benchmarks/quota.py), the real
@@ -108,8 +110,30 @@ def commit():
         return "unknown"
 
 
-def run_one(scenario, mode, repeat, args, quotas, out):
+def variant(token):
+    """``MODE`` or ``MODE/KEY=VALUE[/KEY=VALUE...]`` (a mode with options set: a paper's own rule where hetsync's
+    default departs from it, or the reverse) -> (mode, options).  A VALUE is read as JSON when it parses
+    (``false``, ``3``), else as a string."""
+    mode, *pairs = token.split("/")
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r} in {token!r}; known: {', '.join(MODES)}")
+    if mode == "horovod" and pairs:
+        raise ValueError(f"{token!r}: plain Horovod takes no hetsync options")
+    options = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq or not key:
+            raise ValueError(f"{token!r}: {pair!r} is not KEY=VALUE")
+        try:
+            options[key] = json.loads(value)
+        except ValueError:
+            options[key] = value
+    return mode, options
+
+
+def run_one(scenario, token, repeat, args, quotas, out):
     spec = SCENARIOS[scenario]
+    mode, options = variant(token)
     n = len(spec["quotas"])
     work = tempfile.mkdtemp(prefix="hetsync-bench-")
     script = [sys.executable, os.path.join(HERE, "keras_example.py"), "--sync", mode, "--epochs", str(args.epochs),
@@ -125,6 +149,8 @@ def run_one(scenario, mode, repeat, args, quotas, out):
                 ",".join(str(f) for f in spec["device"]["factors"])]
     if args.sync_options:  # a trial of a mode's options; the record keeps them (tables.py leaves such runs out)
         cmd += ["--sync-options", args.sync_options]
+    elif options:  # a variant: its own row in the tables, under its token
+        cmd += ["--sync-options", json.dumps(options, sort_keys=True)]
     if args.thread_cpu:  # every rank's threads sampled from /proc (benchmarks/thread_cpu.py), stored with the run
         cmd = [sys.executable, os.path.join(HERE, "thread_cpu.py"), "--per-rank", "--json",
                os.path.join(work, "threads.json"), "--"] + cmd
@@ -146,7 +172,8 @@ def run_one(scenario, mode, repeat, args, quotas, out):
     threads = os.path.join(work, "threads.json")
     thread_cpu = json.load(open(threads)) if os.path.exists(threads) else None
     shutil.rmtree(work, ignore_errors=True)
-    record = {"scenario": scenario, "what": spec["what"], "mode": mode, "repeat": repeat, "commit": commit(),
+    record = {"scenario": scenario, "what": spec["what"], "mode": mode, "variant": token if options else None,
+              "repeat": repeat, "commit": commit(),
               "epochs": args.epochs, "steps": args.steps,
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "command": " ".join(cmd), "machine": machine(), "quotas": spec["quotas"],
@@ -160,7 +187,7 @@ def run_one(scenario, mode, repeat, args, quotas, out):
     if proc.returncode != 0 or None in ranks:
         record["output_tail"] = proc.stdout[-4000:]
     os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, f"{scenario}--{mode}--{repeat}.json"), "w") as f:
+    with open(os.path.join(out, f"{scenario}--{token.replace('/', '.')}--{repeat}.json"), "w") as f:
         json.dump(record, f, indent=1)
     return record
 
@@ -169,7 +196,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scenarios", default="slow-node",
                    help=f"comma list of {', '.join(SCENARIOS)} (sleep-emulated: {', '.join(EMULATED)})")
-    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--modes", default=",".join(MODES),
+                   help="modes, each MODE or MODE/KEY=VALUE[/KEY=VALUE] (that mode with those options: a row of its "
+                        "own, named by the token)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--first-repeat", type=int, default=1,
                    help="number of the first repeat: a later session adds repeats 4, 5, ... beside stored ones")
@@ -188,6 +217,13 @@ def main(argv=None):
     unknown = [s for s in scenarios if s not in SCENARIOS]
     if unknown:
         p.error(f"unknown scenario(s) {unknown}; known: {', '.join(SCENARIOS)}")
+    for token in modes:
+        try:
+            variant(token)
+        except ValueError as e:
+            p.error(str(e))
+    if args.sync_options and any("/" in token for token in modes):
+        p.error("--sync-options sets every mode's options; a MODE/KEY=VALUE token sets one's: use one or the other")
     first = args.first_repeat
     jobs = [(s, m, k) for s in scenarios for k in range(first, first + args.repeats) for m in modes]
     progress = Progress(len(jobs), estimate_s=90)
