@@ -5,117 +5,43 @@
                                            # measured figure was typed by hand into the README or a mode page
 
 A generated block sits between ``<!-- bench: SCENARIO -->`` and ``<!-- /bench -->``; nothing between the markers is
-written by hand. A ``<!-- bench-modes: MODE,MODE -->`` block (a mode's page) holds those modes' rows of every stored
-scenario, each against plain Horovod. A ``<!-- bench-threads: FOLDER -->`` block is made the same way from the runs
-stored with ``run.py --thread-cpu`` under benchmarks/thread-profiles/FOLDER/ (a subfolder names a condition of its
-runs, such as an environment variable set for them): where each rank's CPU went, per thread. A figure in running
-text sits between ``<!-- fig: SCENARIO MODE COLUMN [vs=MODE] [runs=A-B] [stat=S] -->`` and ``<!-- /fig -->``
-(:func:`figure`). Per mode, over the scenario's repeats: rank 0's training time (fit's on_train_begin to
-on_train_end) as median and range; the speedup against plain Horovod, per repeat (the modes of one repeat ran one
-after another) and then its median and range; rank 0's time from the end of its first epoch to the end of its last
-(the steady state: no first-step tracing in it), with the same speedup; the time until rank 0's model first reached
-the target accuracy on the held-out set (its curve is sampled every 10 of its batches), with the same speedup; the
-final accuracy; the job's wall time (launch to exit, the driver's clock: a teardown stall shows there, not in
-training). Under a table, each run that recorded its live switches (``sync="auto"``) lists them.
+written by hand. A ``<!-- bench-rules: SCENARIO -->`` block holds the scenario's variants (``run.py --modes
+MODE/KEY=VALUE``: a paper's own rule beside our default), each against its mode's defaults in the same repeat. A
+``<!-- bench-modes: MODE,MODE -->`` block (a mode's page) holds those modes' rows of every stored scenario, each
+against plain Horovod. A ``<!-- bench-threads: FOLDER -->`` block is made the same way from the runs stored with
+``run.py --thread-cpu`` under benchmarks/thread-profiles/FOLDER/ (a subfolder names a condition of its runs, such as
+an environment variable set for them): where each rank's CPU went, per thread. A figure in running text sits between
+``<!-- fig: SCENARIO MODE COLUMN [vs=MODE] [runs=A-B] [stat=S] -->`` and ``<!-- /fig -->`` (benchmarks/figures.py;
+MODE may be a variant's token). What each column reads off a run is in benchmarks/stored.py. Per mode, over the
+scenario's repeats: rank 0's training time (fit's on_train_begin to on_train_end) as median and range; the speedup
+against plain Horovod, per repeat (the modes of one repeat ran one after another) and then its median and range;
+rank 0's time from the end of its first epoch to the end of its last (the steady state: no first-step tracing in
+it), with the same speedup; the time until rank 0's model first reached the target accuracy on the held-out set (its
+curve is sampled every 10 of its batches), with the same speedup; the final accuracy; the job's wall time (launch to
+exit, the driver's clock: a teardown stall shows there, not in training). Under a table, each run that recorded its
+live switches (``sync="auto"``) lists them.
 """
 import argparse
 import glob
 import json
 import os
 import re
-import statistics
 import sys
+
+from figures import FIGURE, figure
+from stored import BASELINE, TARGET, after_first_epoch, load, ok, runs_label, spread, summary
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-TARGET = 0.9  # held-out accuracy of "time to target"
 PAGES = [os.path.join(ROOT, "README.md"), os.path.join(ROOT, "docs", "benchmarks.md"),
          os.path.join(ROOT, "docs", "switching.md"),
          *sorted(glob.glob(os.path.join(ROOT, "docs", "modes", "*.md")))]
 BLOCK = re.compile(r"(<!-- bench: (?P<scenario>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- /bench -->)", re.S)
 MODES_BLOCK = re.compile(r"(<!-- bench-modes: (?P<modes>[a-z0-9,-]+) -->\n)(?P<body>.*?)(<!-- /bench-modes -->)", re.S)
-BASELINE = "horovod"
 THREADS = re.compile(r"(<!-- bench-threads: (?P<folder>[A-Za-z0-9._-]+) -->\n)(?P<body>.*?)(<!-- /bench-threads -->)",
                      re.S)
+RULES = re.compile(r"(<!-- bench-rules: (?P<scenario>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- /bench-rules -->)", re.S)
 OWN_THREADS = ("main", "hetsync-engine")  # named threads; everything else of the rank's process is "other"
-
-
-def load(results=os.path.join(HERE, "results")):
-    """Every stored run, newest date folder last: {scenario: {mode: {repeat: record}}} (a later date's run of the same
-    scenario, mode and repeat replaces an earlier one).  A trial of non-default options (``run.py --sync-options``)
-    is left out: the tables are of what a user gets from the one-line change."""
-    runs = {}
-    for path in sorted(glob.glob(os.path.join(results, "*", "*.json"))):
-        rec = json.load(open(path))
-        if rec.get("sync_options"):
-            continue
-        runs.setdefault(rec["scenario"], {}).setdefault(rec["mode"], {})[rec["repeat"]] = rec
-    return runs
-
-
-def time_to(curve, target):
-    """Seconds since on_train_begin of the first point whose accuracy is at least ``target`` (None: never)."""
-    return next((t for t, accuracy, _ in curve if accuracy >= target), None)
-
-
-def after_first_epoch(rank):
-    """Seconds from the end of the first epoch to the end of the last: the steady state, without the first step's
-    tracing (None: the run recorded no epoch ends, or one epoch)."""
-    ends = rank.get("epoch_ends") or []
-    return ends[-1] - ends[0] if len(ends) >= 2 else None
-
-
-def ok(rec):
-    return rec["returncode"] == 0 and rec["ranks"] and all(rec["ranks"]) and rec["ranks"][0]["curve"]
-
-
-def _spread(values, fmt):
-    """``median (min-max)`` of the values, or ``--`` when there are none."""
-    values = [v for v in values if v is not None]
-    if not values:
-        return "--"
-    med = statistics.median(values)
-    if len(values) == 1:
-        return fmt.format(med)
-    return f"{fmt.format(med)} ({fmt.format(min(values))}-{fmt.format(max(values))})"
-
-
-def summary(modes, target=TARGET, baseline=BASELINE):
-    """Per mode: the columns' values, each a list over the repeats that both it and the baseline completed (the
-    speedups: the baseline's time over the mode's, repeat by repeat)."""
-    base = modes.get(baseline, {})
-    rows = {}
-    for mode, repeats in modes.items():
-        done = {k: r for k, r in repeats.items() if ok(r)}
-        row = {"runs": len(done), "failed": len(repeats) - len(done), "train": [], "speedup": [], "ttt": [],
-               "ttt_speedup": [], "steady": [], "steady_speedup": [], "accuracy": [], "wall": []}
-        for k, rec in sorted(done.items()):
-            r0 = rec["ranks"][0]
-            row["train"].append(r0["train_s"])
-            row["accuracy"].append(r0["curve"][-1][1])
-            row["wall"].append(rec["job_wall_s"])
-            ttt, steady = time_to(r0["curve"], target), after_first_epoch(r0)
-            row["ttt"].append(ttt)
-            row["steady"].append(steady)
-            if k in base and ok(base[k]):
-                b0 = base[k]["ranks"][0]
-                row["speedup"].append(b0["train_s"] / r0["train_s"])
-                b_ttt, b_steady = time_to(b0["curve"], target), after_first_epoch(b0)
-                row["ttt_speedup"].append(b_ttt / ttt if b_ttt and ttt else None)
-                row["steady_speedup"].append(b_steady / steady if b_steady and steady else None)
-        rows[mode] = row
-    return rows
-
-
-def _runs(repeats):
-    """``1-3, 7`` for repeats 1, 2, 3 and 7."""
-    spans = []
-    for k in sorted(repeats):
-        if spans and k == spans[-1][1] + 1:
-            spans[-1][1] = k
-        else:
-            spans.append([k, k])
-    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in spans)
 
 
 def _machines(modes):
@@ -128,12 +54,12 @@ def _machines(modes):
             where.setdefault(f"{m['cpus']} CPUs ({m['cpu']})", set()).add(k)
     if len(where) == 1:
         return next(iter(where))
-    return "; ".join(f"{name}: runs {_runs(ks)}" for name, ks in sorted(where.items(), key=lambda i: min(i[1])))
+    return "; ".join(f"{name}: runs {runs_label(ks)}" for name, ks in sorted(where.items(), key=lambda i: min(i[1])))
 
 
 def table(scenario, modes, target=TARGET):
     rows = summary(modes, target)
-    order = [BASELINE] + sorted(m for m in rows if m != BASELINE)
+    order = [BASELINE] + sorted(m for m in rows if m != BASELINE and not variant(m))
     some = next(iter(next(iter(modes.values())).values()))
     commits = ", ".join(sorted({rec["commit"] for repeats in modes.values() for rec in repeats.values()}))
     pct = int(round(target * 100))
@@ -152,11 +78,47 @@ def table(scenario, modes, target=TARGET):
         name = "plain Horovod" if mode == BASELINE else f"`{mode}`"
         if r["failed"]:
             name += f" ({r['failed']} failed)"
-        lines.append(f"| {name} | {_spread(r['train'], '{:.1f}')} | {_spread(r['speedup'], '{:.2f}x')} | "
-                     f"{_spread(r['steady'], '{:.1f}')} | {_spread(r['steady_speedup'], '{:.2f}x')} | "
-                     f"{_spread(r['ttt'], '{:.1f}')} | {_spread(r['ttt_speedup'], '{:.2f}x')} | "
-                     f"{_spread(r['accuracy'], '{:.3f}')} | {_spread(r['wall'], '{:.0f}')} | {r['runs']} |")
+        lines.append(f"| {name} | {spread(r['train'], '{:.1f}')} | {spread(r['speedup'], '{:.2f}x')} | "
+                     f"{spread(r['steady'], '{:.1f}')} | {spread(r['steady_speedup'], '{:.2f}x')} | "
+                     f"{spread(r['ttt'], '{:.1f}')} | {spread(r['ttt_speedup'], '{:.2f}x')} | "
+                     f"{spread(r['accuracy'], '{:.3f}')} | {spread(r['wall'], '{:.0f}')} | {r['runs']} |")
     return "\n".join(lines + _switches(modes)) + "\n"
+
+
+def variant(token):
+    """``MODE/KEY=VALUE...`` -> (MODE, "KEY=VALUE, ...") for a variant's token; None for a mode's own name."""
+    mode, _, options = token.partition("/")
+    return (mode, options.replace("/", ", ")) if options else None
+
+
+def rules_table(scenario, modes, target=TARGET):
+    """Each variant stored in ``scenario`` (a mode with an option set: a paper's own rule beside our default, or
+    ours beside the paper's) against the same mode with its defaults, paired repeat by repeat: how much sooner
+    the default reached the target accuracy and finished training (the variant's time over the default's, so above
+    1 the default is faster), and both final accuracies."""
+    pct = int(round(target * 100))
+    lines = [f"Scenario `{scenario}`, generated from the stored runs (benchmarks/results/): each row a mode run with "
+             "one option changed from its default, and the same mode with its defaults in the same repeat.  Median "
+             "(range) over the runs; \"default faster by\" is the changed run's time over the default's, so below "
+             "1 the changed option was faster.",
+             "",
+             f"| mode | option changed | time to {pct}% accuracy, s: default / changed | default faster by, to "
+             f"{pct}% | training, default faster by | final accuracy: default / changed | runs |",
+             "|---|---|---|---|---|---|---|"]
+    for token in sorted(m for m in modes if variant(m)):
+        mode, options = variant(token)
+        if mode not in modes:
+            continue
+        paired = {k: r for k, r in modes[mode].items() if k in modes[token]}  # the default's runs of its repeats
+        rows = summary({mode: paired, token: modes[token]}, target, baseline=token)
+        default, changed = rows[mode], rows[token]
+        lines.append(f"| `{mode}` | `{options}` | {spread(default['ttt'], '{:.1f}')} / "
+                     f"{spread(changed['ttt'], '{:.1f}')} | {spread(default['ttt_speedup'], '{:.2f}x')} | "
+                     f"{spread(default['speedup'], '{:.2f}x')} | {spread(default['accuracy'], '{:.3f}')} / "
+                     f"{spread(changed['accuracy'], '{:.3f}')} | {len(default['speedup'])} |")
+    if len(lines) == 4:
+        return f"No stored variant run in `{scenario}` yet.\n"
+    return "\n".join(lines) + "\n"
 
 
 def _switches(modes):
@@ -199,67 +161,19 @@ def modes_table(modes, runs, target=TARGET):
             if mode not in rows:
                 continue
             r = rows[mode]
-            lines.append(f"| {name} | `{mode}` | {_spread(r['speedup'], '{:.2f}x')} | "
-                         f"{_spread(r['steady_speedup'], '{:.2f}x')} | {_spread(r['ttt_speedup'], '{:.2f}x')} | "
-                         f"{_spread(r['accuracy'], '{:.3f}')} | {_spread(base, '{:.3f}')} | {r['runs']} |")
+            lines.append(f"| {name} | `{mode}` | {spread(r['speedup'], '{:.2f}x')} | "
+                         f"{spread(r['steady_speedup'], '{:.2f}x')} | {spread(r['ttt_speedup'], '{:.2f}x')} | "
+                         f"{spread(r['accuracy'], '{:.3f}')} | {spread(base, '{:.3f}')} | {r['runs']} |")
     if len(lines) == 4:
         return f"No stored run of {', '.join(f'`{m}`' for m in modes)} yet.\n"
     return "\n".join(lines) + "\n"
 
 
-FIGURE = re.compile(r"<!-- fig: (?P<spec>[^>]*?) -->(?P<body>(?:(?!<!--).)*?)<!-- /fig -->", re.S)
-FORMATS = {"train": "{:.1f} s", "steady": "{:.1f} s", "ttt": "{:.1f} s", "wall": "{:.0f} s", "accuracy": "{:.3f}",
-           "speedup": "{:.2f}x", "steady_speedup": "{:.2f}x", "ttt_speedup": "{:.2f}x"}
-STATS = ("spread", "median", "range", "each", "min", "max")
-# A figure typed into a page instead of generated: a measured ratio (``2.44x``) or decimal seconds (``12.8 s``).
 # Integer ratios (``5x slower``) describe a scenario, not a result.
 HAND_TYPED = re.compile(r"\b\d+\.\d+x\b|\b\d+\.\d+(?:-\d+\.\d+)? s\b")
 # Where no figure may be typed by hand: the README, and each mode page from its "## Measured" section on (a mode
 # page's "The paper's rules and ours" table quotes the option comparisons of docs/paper-fidelity.md, not stored).
 STRICT = {PAGES[0]: None, **{page: "\n## Measured" for page in PAGES if os.sep + "modes" + os.sep in page}}
-
-
-def figure(spec, runs, target=TARGET):
-    """One figure in running text, from ``<!-- fig: SCENARIO MODE COLUMN [vs=MODE] [runs=A-B] [stat=S] -->``.
-
-    COLUMN is one of :func:`summary`'s (``train``, ``steady``, ``ttt``, ``wall``, ``accuracy``, or a speedup:
-    ``speedup``, ``steady_speedup``, ``ttt_speedup``); a speedup is against plain Horovod of the same repeat, or
-    against ``vs=MODE``; ``runs=A-B`` keeps repeats A..B; S is ``spread`` (median and range, the default),
-    ``median``, ``range``, ``each`` (every run, in repeat order), ``min`` or ``max``.  A spec naming anything not
-    stored raises, so a page cannot keep a figure whose runs are gone."""
-    words = spec.split()
-    if len(words) < 3:
-        raise ValueError(f"figure {spec!r}: needs SCENARIO MODE COLUMN")
-    scenario, mode, column = words[:3]
-    opts = dict(w.split("=", 1) for w in words[3:])
-    stat = opts.get("stat", "spread")
-    for what, value, known in (("option", sorted(set(opts) - {"vs", "runs", "stat"}), []),
-                               ("column", column, FORMATS), ("stat", stat, STATS), ("scenario", scenario, runs)):
-        if value and value not in known:
-            raise ValueError(f"figure {spec!r}: unknown {what} {value} (known: {', '.join(known) or 'vs, runs, stat'})")
-    modes = runs[scenario]
-    if "runs" in opts:
-        first, _, last = opts["runs"].partition("-")
-        keep = range(int(first), int(last or first) + 1)
-        modes = {m: {k: r for k, r in reps.items() if k in keep} for m, reps in modes.items()}
-    rows = summary(modes, target, baseline=opts.get("vs", BASELINE))
-    values = [v for v in rows.get(mode, {}).get(column, []) if v is not None]
-    if not values:
-        raise ValueError(f"figure {spec!r}: no stored run gives it")
-    return _formatted(values, FORMATS[column], stat)
-
-
-def _formatted(values, fmt, stat):
-    """``values`` (in repeat order) as ``stat`` says, each number as ``fmt``, its unit written once."""
-    number, unit = fmt[:fmt.index("}") + 1], fmt[fmt.index("}") + 1:]
-    if stat == "spread":
-        return _spread(values, fmt)
-    if stat == "range" and len(values) > 1:
-        return f"{number.format(min(values))}-{number.format(max(values))}{unit}"
-    if stat == "each":
-        return " / ".join(number.format(v) for v in values) + unit
-    pick = {"median": statistics.median, "range": statistics.median, "min": min, "max": max}[stat]
-    return fmt.format(pick(values))
 
 
 FENCED = re.compile(r"^```.*?^```", re.S | re.M)  # a program's printed output, shown as an example of it
@@ -268,7 +182,7 @@ FENCED = re.compile(r"^```.*?^```", re.S | re.M)  # a program's printed output, 
 def hand_typed(text):
     """The measured figures of ``text`` that no generated block or figure made: each one a number nobody can
     regenerate from the stored runs.  A fenced block is a program's output shown as such, not a figure."""
-    for pattern in (BLOCK, MODES_BLOCK, THREADS, FIGURE, FENCED):
+    for pattern in (BLOCK, MODES_BLOCK, RULES, THREADS, FIGURE, FENCED):
         text = pattern.sub("", text)
     return HAND_TYPED.findall(text)
 
@@ -344,6 +258,8 @@ def render(text, runs):
         return m.group(1) + body + m.group(4)
 
     text = BLOCK.sub(block, text)
+    text = RULES.sub(lambda m: m.group(1) + rules_table(m.group("scenario"), runs.get(m.group("scenario"), {}))
+                     + m.group(4), text)
     if text.count("<!-- fig:") != len(FIGURE.findall(text)):
         raise ValueError("a <!-- fig: ... --> without its own <!-- /fig --> (a figure may not hold another)")
     text = FIGURE.sub(lambda m: f"<!-- fig: {m.group('spec')} -->{figure(m.group('spec'), runs)}<!-- /fig -->", text)

@@ -8,6 +8,9 @@ import sys
 from conftest import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import figures  # noqa: E402
+import run  # noqa: E402
+import stored  # noqa: E402
 import tables  # noqa: E402
 
 
@@ -44,8 +47,8 @@ def test_speedups_pair_each_repeat_with_horovods_and_failed_runs_are_named(tmp_p
             _record("esync", 3, 1.0, [(1.0, 0.99, 0.1)], returncode=1)]
     for rec in runs:
         (day / f"{rec['mode']}-{rec['repeat']}.json").write_text(json.dumps(rec))
-    loaded = tables.load(str(tmp_path))
-    rows = tables.summary(loaded["s"], target=0.9)
+    loaded = stored.load(str(tmp_path))
+    rows = stored.summary(loaded["s"], target=0.9)
     assert rows["esync"]["speedup"] == [2.0, 1.5]          # 100/50 and 60/40; medians would give 80/45
     assert rows["esync"]["ttt"] == [20.0, 12.0]
     assert rows["esync"]["ttt_speedup"] == [4.5, 2.5]      # 90/20 and 30/12
@@ -67,9 +70,9 @@ def test_a_scenario_run_on_two_machines_says_which_runs_ran_where(tmp_path):
         if rec["repeat"] == 7:
             rec["machine"] = {"cpus": 2, "cpu": "y"}
         (tmp_path / "2026-01-01" / f"{rec['mode']}-{rec['repeat']}.json").write_text(json.dumps(rec))
-    text = tables.table("s", tables.load(str(tmp_path))["s"], target=0.9)
+    text = tables.table("s", stored.load(str(tmp_path))["s"], target=0.9)
     assert "2 CPUs (x): runs 1-3; 2 CPUs (y): runs 7." in text, text
-    one = {m: {k: r for k, r in reps.items() if k != 7} for m, reps in tables.load(str(tmp_path))["s"].items()}
+    one = {m: {k: r for k, r in reps.items() if k != 7} for m, reps in stored.load(str(tmp_path))["s"].items()}
     assert "2 CPUs (x).  Median" in tables.table("s", one, target=0.9)
 
 
@@ -86,7 +89,7 @@ def test_the_switches_a_run_recorded_are_listed_under_its_table(tmp_path):
     runs[0]["ranks"][0]["switches"] = []
     for rec in runs:
         (day / f"{rec['mode']}-{rec['repeat']}.json").write_text(json.dumps(rec))
-    text = tables.table("s", tables.load(str(tmp_path))["s"], target=0.9)
+    text = tables.table("s", stored.load(str(tmp_path))["s"], target=0.9)
     assert "- `auto` run 1, switches: step 32: ripples-smart -> eager-solo (auto: random)" in text, text
     assert "- `auto` run 2, switches: none" in text and "run 3" not in text, text
     assert "`horovod` run" not in text, text  # a fixed mode that did not switch is not listed
@@ -124,27 +127,27 @@ def test_a_figure_in_running_text_is_read_off_the_stored_runs(tmp_path):
     runs += [_record("auto", k, t, [(1.0, 0.95, 0.1)]) for k, t in ((1, 25.0), (2, 20.0), (3, 80.0))]
     for rec in runs:
         (day / f"{rec['mode']}-{rec['repeat']}.json").write_text(json.dumps(rec))
-    stored = tables.load(str(tmp_path))
-    assert tables.figure("s esync speedup", stored) == "2.00x (1.50x-2.00x)"      # 100/50, 90/60, 80/40
-    assert tables.figure("s esync speedup stat=each", stored) == "2.00 / 1.50 / 2.00x"
-    assert tables.figure("s auto speedup vs=esync stat=median", stored) == "2.00x"  # 2.0, 3.0, 0.5
-    assert tables.figure("s esync train runs=2-3 stat=range", stored) == "40.0-60.0 s"
-    assert tables.figure("s horovod train runs=2", stored) == "90.0 s"
+    loaded = stored.load(str(tmp_path))
+    assert figures.figure("s esync speedup", loaded) == "2.00x (1.50x-2.00x)"      # 100/50, 90/60, 80/40
+    assert figures.figure("s esync speedup stat=each", loaded) == "2.00 / 1.50 / 2.00x"
+    assert figures.figure("s auto speedup vs=esync stat=median", loaded) == "2.00x"  # 2.0, 3.0, 0.5
+    assert figures.figure("s esync train runs=2-3 stat=range", loaded) == "40.0-60.0 s"
+    assert figures.figure("s horovod train runs=2", loaded) == "90.0 s"
     page = "a <!-- fig: s esync speedup stat=median -->9.99x<!-- /fig --> b"
-    assert tables.render(page, stored) == "a <!-- fig: s esync speedup stat=median -->2.00x<!-- /fig --> b"
+    assert tables.render(page, loaded) == "a <!-- fig: s esync speedup stat=median -->2.00x<!-- /fig --> b"
     unclosed = "<!-- fig: s esync speedup -->1x<!-- /fig--> and <!-- fig: s auto speedup -->2x<!-- /fig -->"
     try:
-        tables.render(unclosed, stored)
+        tables.render(unclosed, loaded)
     except ValueError:
         pass
     else:
         raise AssertionError("a figure without its closing marker swallowed the next one")
     for gone in ("s hop speedup", "other esync speedup", "s esync speedup runs=7-9", "s esync fastness"):
         try:
-            tables.figure(gone, stored)
+            figures.figure(gone, loaded)
         except ValueError:
             continue
-        raise AssertionError(f"{gone!r} gave a figure without stored runs")
+        raise AssertionError(f"{gone!r} gave a figure without loaded runs")
 
 
 def test_a_measured_figure_typed_by_hand_is_found_and_a_generated_one_is_not():
@@ -155,3 +158,46 @@ def test_a_measured_figure_typed_by_hand_is_found_and_a_generated_one_is_not():
             "<!-- fig: s m speedup -->3.10x<!-- /fig -->\n<!-- bench: s -->\n| m | 1.20x | 33.0 s |\n<!-- /bench -->\n"
             "```text\nloop 9.3 s, 1.50x\n```\n")
     assert tables.hand_typed(text) == ["2.44x", "12.8-22.5 s", "9.0 s"]
+
+
+def test_a_variant_token_names_a_mode_and_its_options_or_is_refused():
+    """``MODE/KEY=VALUE`` runs MODE with that option (JSON values typed, others strings); a typo is refused before
+    any job starts."""
+    assert run.variant("esync/on_ready=abort") == ("esync", {"on_ready": "abort"})
+    assert run.variant("ripples-random/group_buffer=false/seed=3") == ("ripples-random",
+                                                                       {"group_buffer": False, "seed": 3})
+    assert run.variant("hop") == ("hop", {})
+    for bad, says in (("hopp", "unknown mode"), ("horovod/x=1", "no hetsync options"), ("esync/abort", "KEY=VALUE")):
+        try:
+            run.variant(bad)
+        except ValueError as e:
+            assert says in str(e), e
+        else:
+            raise AssertionError(f"{bad!r} accepted")
+
+
+def test_a_variant_is_compared_with_its_own_mode_in_the_same_repeat_and_kept_out_of_the_scenario_table(tmp_path):
+    """A paper's rule and our default are compared run k with run k of the same mode (not with Horovod, and not
+    median with median); the variant is no row of the scenario's own table, and a ``--sync-options`` trial with no
+    variant is left out entirely."""
+    day = tmp_path / "2026-01-01"
+    day.mkdir()
+    runs = [_record("horovod", 1, 100.0, [(90.0, 0.92, 0.3)]),
+            _record("esync", 1, 50.0, [(20.0, 0.95, 0.2)]),
+            _record("esync", 2, 40.0, [(10.0, 0.93, 0.2)]),
+            _record("esync", 3, 45.0, [(15.0, 0.93, 0.2)]),
+            dict(_record("esync", 1, 80.0, [(60.0, 0.91, 0.2)]), variant="esync/on_ready=abort",
+                 sync_options='{"on_ready": "abort"}'),
+            dict(_record("esync", 2, 44.0, [(15.0, 0.92, 0.2)]), variant="esync/on_ready=abort",
+                 sync_options='{"on_ready": "abort"}'),
+            dict(_record("hop", 1, 1.0, [(1.0, 0.99, 0.1)]), sync_options='{"staleness": 9}')]
+    for i, rec in enumerate(runs):
+        (day / f"{i}.json").write_text(json.dumps(rec))
+    loaded = stored.load(str(tmp_path))["s"]
+    assert set(loaded) == {"horovod", "esync", "esync/on_ready=abort"}
+    text = tables.rules_table("s", loaded, target=0.9)
+    # to 90%: 60/20 and 15/10 -> 3.00x and 1.50x; training 80/50 and 44/40; repeat 3 has no variant to pair with
+    assert "| `esync` | `on_ready=abort` | 15.0 (10.0-20.0) / 37.5 (15.0-60.0) | 2.25x (1.50x-3.00x) | " \
+           "1.35x (1.10x-1.60x) | 0.940 (0.930-0.950) / 0.915 (0.910-0.920) | 2 |" in text, text
+    assert "on_ready" not in tables.table("s", loaded, target=0.9)
+    assert figures.figure("s esync ttt_speedup vs=esync/on_ready=abort stat=median", {"s": loaded}) == "2.25x"

@@ -1,0 +1,91 @@
+"""The stored benchmark runs (benchmarks/results/<date>/*.json, written by benchmarks/run.py) and what every table and
+figure reads off them: which runs completed, rank 0's training time, its steady state, its time to the target
+accuracy, and each mode's speedups against a baseline paired repeat by repeat."""
+import glob
+import json
+import os
+import statistics
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TARGET = 0.9  # held-out accuracy of "time to target"
+BASELINE = "horovod"
+
+
+def load(results=os.path.join(HERE, "results")):
+    """Every stored run, newest date folder last: {scenario: {mode: {repeat: record}}} (a later date's run of the same
+    scenario, mode and repeat replaces an earlier one).  A variant (``run.py --modes MODE/KEY=VALUE``: a mode with
+    an option set, such as a paper's own rule) is keyed by its token; a trial of ``run.py --sync-options``, which
+    names no variant, is left out: the tables are of what a user gets from the one-line change."""
+    runs = {}
+    for path in sorted(glob.glob(os.path.join(results, "*", "*.json"))):
+        rec = json.load(open(path))
+        key = rec.get("variant") or rec["mode"]
+        if rec.get("sync_options") and not rec.get("variant"):
+            continue
+        runs.setdefault(rec["scenario"], {}).setdefault(key, {})[rec["repeat"]] = rec
+    return runs
+
+
+def time_to(curve, target):
+    """Seconds since on_train_begin of the first point whose accuracy is at least ``target`` (None: never)."""
+    return next((t for t, accuracy, _ in curve if accuracy >= target), None)
+
+
+def after_first_epoch(rank):
+    """Seconds from the end of the first epoch to the end of the last: the steady state, without the first step's
+    tracing (None: the run recorded no epoch ends, or one epoch)."""
+    ends = rank.get("epoch_ends") or []
+    return ends[-1] - ends[0] if len(ends) >= 2 else None
+
+
+def ok(rec):
+    return rec["returncode"] == 0 and rec["ranks"] and all(rec["ranks"]) and rec["ranks"][0]["curve"]
+
+
+def spread(values, fmt):
+    """``median (min-max)`` of the values, or ``--`` when there are none."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return "--"
+    med = statistics.median(values)
+    if len(values) == 1:
+        return fmt.format(med)
+    return f"{fmt.format(med)} ({fmt.format(min(values))}-{fmt.format(max(values))})"
+
+
+def summary(modes, target=TARGET, baseline=BASELINE):
+    """Per mode: the columns' values, each a list over the repeats that both it and the baseline completed (the
+    speedups: the baseline's time over the mode's, repeat by repeat)."""
+    base = modes.get(baseline, {})
+    rows = {}
+    for mode, repeats in modes.items():
+        done = {k: r for k, r in repeats.items() if ok(r)}
+        row = {"runs": len(done), "failed": len(repeats) - len(done), "train": [], "speedup": [], "ttt": [],
+               "ttt_speedup": [], "steady": [], "steady_speedup": [], "accuracy": [], "wall": []}
+        for k, rec in sorted(done.items()):
+            r0 = rec["ranks"][0]
+            row["train"].append(r0["train_s"])
+            row["accuracy"].append(r0["curve"][-1][1])
+            row["wall"].append(rec["job_wall_s"])
+            ttt, steady = time_to(r0["curve"], target), after_first_epoch(r0)
+            row["ttt"].append(ttt)
+            row["steady"].append(steady)
+            if k in base and ok(base[k]):
+                b0 = base[k]["ranks"][0]
+                row["speedup"].append(b0["train_s"] / r0["train_s"])
+                b_ttt, b_steady = time_to(b0["curve"], target), after_first_epoch(b0)
+                row["ttt_speedup"].append(b_ttt / ttt if b_ttt and ttt else None)
+                row["steady_speedup"].append(b_steady / steady if b_steady and steady else None)
+        rows[mode] = row
+    return rows
+
+
+def runs_label(repeats):
+    """``1-3, 7`` for repeats 1, 2, 3 and 7."""
+    spans = []
+    for k in sorted(repeats):
+        if spans and k == spans[-1][1] + 1:
+            spans[-1][1] = k
+        else:
+            spans.append([k, k])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in spans)
