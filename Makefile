@@ -11,7 +11,7 @@ export OMPI_MCA_btl_vader_single_copy_mechanism := none
 export TF_CPP_MIN_LOG_LEVEL := 2
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install build test test-full test-cluster demo bench bench-quota bench-cluster clean
+.PHONY: install build test test-full test-cluster demo bench bench-quota bench-rules bench-cluster clean
 
 install:
 	bash scripts/install.sh
@@ -40,15 +40,23 @@ demo: install
 # `make bench`: every scenario of benchmarks/run.py first -- per-rank CPU quotas, 2 emulated hosts, the
 # sleep-emulated slow GPU (root) -- every mode against plain Horovod, 3 runs each, stored under
 # benchmarks/results/<date>/ and turned into the README's tables; then the sleep-emulated Ripples grid (not stored).
-# `make bench-quota` is the first part alone.
-bench: bench-quota
+# `make bench-quota` is the first part alone; `make bench-rules` compares, in the slow-node scenario, each mode
+# whose default departs from its paper with the paper's own rule (docs/paper-fidelity.md), same repeat (repeats
+# 16-18, apart from the scenarios' own).
+bench: bench-quota bench-rules
 	$(PY) examples/benchmark.py --preset full --out results/bench
 
 bench-quota: install
 	$(PY) benchmarks/run.py --scenarios slow-node,speeds-1-2-3-5,shared-node,transient,homogeneous,8-workers,2-hosts,slow-gpu
 	$(PY) benchmarks/tables.py
 
-# The README's "Across hosts" tables: every part of examples/bench_cluster.py on the emulated cluster (root).
+RULES = eager-solo,eager-solo/late=algorithm5,ripples-random,ripples-random/group_buffer=false,ripples-smart,$\
+	ripples-smart/exclude_laggards=false,esync,esync/on_ready=abort
+bench-rules: install
+	$(PY) benchmarks/run.py --scenarios slow-node --modes horovod,$(RULES) --first-repeat 16
+	$(PY) benchmarks/tables.py
+
+# Every part of examples/bench_cluster.py on the emulated cluster (root); not stored (docs/cluster.md).
 bench-cluster: install
 	$(PY) examples/bench_cluster.py --out results/cluster
 

@@ -42,7 +42,9 @@ def figure(spec, runs, target=TARGET):
 def _formatted(values, fmt, stat):
     """``values`` (in repeat order) as ``stat`` says, each number as ``fmt``, its unit written once."""
     number, unit = fmt[:fmt.index("}") + 1], fmt[fmt.index("}") + 1:]
-    if stat == "spread":
+    if stat == "spread" and unit.startswith(" ") and len(values) > 1:  # seconds: "52.2 s (41.7-53.0 s)"
+        return f"{fmt.format(statistics.median(values))} ({_formatted(values, fmt, 'range')})"
+    if stat == "spread":  # a ratio, as the tables write it: "2.12x (1.84x-2.27x)"
         return spread(values, fmt)
     if stat == "range" and len(values) > 1:
         return f"{number.format(min(values))}-{number.format(max(values))}{unit}"

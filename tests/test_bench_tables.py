@@ -133,6 +133,7 @@ def test_a_figure_in_running_text_is_read_off_the_stored_runs(tmp_path):
     assert figures.figure("s auto speedup vs=esync stat=median", loaded) == "2.00x"  # 2.0, 3.0, 0.5
     assert figures.figure("s esync train runs=2-3 stat=range", loaded) == "40.0-60.0 s"
     assert figures.figure("s horovod train runs=2", loaded) == "90.0 s"
+    assert figures.figure("s horovod train", loaded) == "90.0 s (80.0-100.0 s)"
     page = "a <!-- fig: s esync speedup stat=median -->9.99x<!-- /fig --> b"
     assert tables.render(page, loaded) == "a <!-- fig: s esync speedup stat=median -->2.00x<!-- /fig --> b"
     unclosed = "<!-- fig: s esync speedup -->1x<!-- /fig--> and <!-- fig: s auto speedup -->2x<!-- /fig -->"
@@ -151,13 +152,14 @@ def test_a_figure_in_running_text_is_read_off_the_stored_runs(tmp_path):
 
 
 def test_a_measured_figure_typed_by_hand_is_found_and_a_generated_one_is_not():
-    """The README and the mode pages' Measured sections may hold no measured figure (a ratio such as 2.44x, or
-    decimal seconds) that was not generated; a scenario's integer ratio (5x slower) and a program's printed output
-    in a fenced block are not figures."""
+    """No page may hold a measured figure (a ratio such as 2.44x, or decimal seconds) that was not generated; a
+    scenario's integer ratio (5x slower), a program's text (a fenced block, inline code, also across a line break)
+    and an option's default are not figures -- but a figure outside the code span that sits beside one is."""
     text = ("one 5x slower node; ripples-smart 2.44x Horovod, epochs in 12.8-22.5 s and 9.0 s.\n"
             "<!-- fig: s m speedup -->3.10x<!-- /fig -->\n<!-- bench: s -->\n| m | 1.20x | 33.0 s |\n<!-- /bench -->\n"
-            "```text\nloop 9.3 s, 1.50x\n```\n")
-    assert tables.hand_typed(text) == ["2.44x", "12.8-22.5 s", "9.0 s"]
+            "```text\nloop 9.3 s, 1.50x\n```\n"
+            "`away_after` (default 0.2 s) fails with `timed out after\n2.0 s` and ``a `b` 1.5 s``; it took 4.1 s.\n")
+    assert tables.hand_typed(text) == ["2.44x", "12.8-22.5 s", "9.0 s", "4.1 s"]
 
 
 def test_a_variant_token_names_a_mode_and_its_options_or_is_refused():
