@@ -42,6 +42,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 from cluster_hosts import Cluster, launcher  # noqa: E402
 from common import Progress, run_streamed  # noqa: E402
 from quota import Quotas, Schedule  # noqa: E402
+from stored import token_parts  # noqa: E402
 
 FAST, SLOW = 0.45, 0.09  # of one core: a slow node 5x slower than a fast one
 DEVICE_MS = 1.0  # emulated device time per sample (32 ms a step at batch 32), in the sleep-emulated scenarios
@@ -114,7 +115,7 @@ def variant(token):
     """``MODE`` or ``MODE/KEY=VALUE[/KEY=VALUE...]`` (a mode with options set: a paper's own rule where hetsync's
     default departs from it, or the reverse) -> (mode, options).  A VALUE is read as JSON when it parses
     (``false``, ``3``), else as a string."""
-    mode, *pairs = token.split("/")
+    mode, pairs = token_parts(token)
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r} in {token!r}; known: {', '.join(MODES)}")
     if mode == "horovod" and pairs:

@@ -11,6 +11,13 @@ TARGET = 0.9  # held-out accuracy of "time to target"
 BASELINE = "horovod"
 
 
+def token_parts(token):
+    """``MODE`` or ``MODE/KEY=VALUE[/KEY=VALUE...]`` -> (MODE, ["KEY=VALUE", ...]): the one reading of a run's
+    token, which run.py launches and the tables name (a variant: a mode with options set)."""
+    mode, *pairs = token.split("/")
+    return mode, pairs
+
+
 def load(results=os.path.join(HERE, "results")):
     """Every stored run, newest date folder last: {scenario: {mode: {repeat: record}}} (a later date's run of the same
     scenario, mode and repeat replaces an earlier one).  A variant (``run.py --modes MODE/KEY=VALUE``: a mode with

@@ -29,7 +29,7 @@ import re
 import sys
 
 from figures import FIGURE, figure
-from stored import BASELINE, TARGET, after_first_epoch, load, ok, runs_label, spread, summary
+from stored import BASELINE, TARGET, after_first_epoch, load, ok, runs_label, spread, summary, token_parts
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -86,8 +86,8 @@ def table(scenario, modes, target=TARGET):
 
 def variant(token):
     """``MODE/KEY=VALUE...`` -> (MODE, "KEY=VALUE, ...") for a variant's token; None for a mode's own name."""
-    mode, _, options = token.partition("/")
-    return (mode, options.replace("/", ", ")) if options else None
+    mode, pairs = token_parts(token)
+    return (mode, ", ".join(pairs)) if pairs else None
 
 
 def rules_table(scenario, modes, target=TARGET):
