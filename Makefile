@@ -40,9 +40,10 @@ demo: install
 # `make bench`: every scenario of benchmarks/run.py first -- per-rank CPU quotas, 2 emulated hosts, the
 # sleep-emulated slow GPU (root) -- every mode against plain Horovod, 3 runs each, stored under
 # benchmarks/results/<date>/ and turned into the README's tables; then the sleep-emulated Ripples grid (not stored).
-# `make bench-quota` is the first part alone; `make bench-rules` compares, in the slow-node scenario, each mode
-# whose default departs from its paper with the paper's own rule (docs/paper-fidelity.md), same repeat (repeats
-# 16-18, apart from the scenarios' own).
+# `make bench-quota` is the first part alone; `make bench-rules` compares, in the slow-node scenario and the
+# sleep-emulated slow GPU, each option whose default departs from its paper (declared with the option:
+# Option.paper_rule) with the paper's own rule (docs/paper-fidelity.md), same repeat (repeats 16-18, apart from the
+# scenarios' own).
 bench: bench-quota bench-rules
 	$(PY) examples/benchmark.py --preset full --out results/bench
 
@@ -50,10 +51,8 @@ bench-quota: install
 	$(PY) benchmarks/run.py --scenarios slow-node,speeds-1-2-3-5,shared-node,transient,homogeneous,8-workers,2-hosts,slow-gpu
 	$(PY) benchmarks/tables.py
 
-RULES = eager-solo,eager-solo/late=algorithm5,ripples-random,ripples-random/group_buffer=false,ripples-smart,$\
-	ripples-smart/exclude_laggards=false,esync,esync/on_ready=abort
 bench-rules: install
-	$(PY) benchmarks/run.py --scenarios slow-node --modes horovod,$(RULES) --first-repeat 16
+	$(PY) benchmarks/run.py --scenarios slow-node,slow-gpu --modes horovod --paper-rules --first-repeat 16
 	$(PY) benchmarks/tables.py
 
 # Every part of examples/bench_cluster.py on the emulated cluster (root); not stored (docs/cluster.md).

@@ -2,8 +2,10 @@
 
     sudo python benchmarks/run.py                           # the headline scenario, every mode, 3 runs each
     python benchmarks/run.py --scenarios slow-node,homogeneous --modes horovod,allreduce,esync --repeats 3
-    python benchmarks/run.py --modes horovod,esync,esync/on_ready=abort   # a mode, and the same mode with one of
-                                                                          # its options set (docs/paper-fidelity.md)
+    python benchmarks/run.py --modes horovod,eager-solo,eager-solo/late=algorithm5   # a mode, and the same mode
+                                                                     # with one of its options set
+    python benchmarks/run.py --modes horovod --paper-rules   # every option whose default departs from its paper,
+                                                             # both ways (docs/paper-fidelity.md)
 
 Each run launches ``horovodrun --mpi -np N benchmarks/in_cgroup.sh python benchmarks/keras_example.py --sync M``:
 each rank in its own cgroup whose CPU quota makes it the node the scenario says (benchmarks/quota.py), the real
@@ -38,11 +40,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "examples"))
+sys.path.insert(0, ROOT)
 
 from cluster_hosts import Cluster, launcher  # noqa: E402
 from common import Progress, run_streamed  # noqa: E402
 from quota import Quotas, Schedule  # noqa: E402
 from stored import token_parts  # noqa: E402
+
+from hetsync.algorithms import available_modes, declared_options, departures  # noqa: E402
+from hetsync.algorithms.options import check_all  # noqa: E402
 
 FAST, SLOW = 0.45, 0.09  # of one core: a slow node 5x slower than a fast one
 DEVICE_MS = 1.0  # emulated device time per sample (32 ms a step at batch 32), in the sleep-emulated scenarios
@@ -114,7 +120,8 @@ def commit():
 def variant(token):
     """``MODE`` or ``MODE/KEY=VALUE[/KEY=VALUE...]`` (a mode with options set: a paper's own rule where hetsync's
     default departs from it, or the reverse) -> (mode, options).  A VALUE is read as JSON when it parses
-    (``false``, ``3``), else as a string."""
+    (``false``, ``3``), else as a string.  The options are checked against the mode's declarations here, so a typo
+    is refused before any job starts, with hetsync's own message."""
     mode, pairs = token_parts(token)
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r} in {token!r}; known: {', '.join(MODES)}")
@@ -129,7 +136,26 @@ def variant(token):
             options[key] = json.loads(value)
         except ValueError:
             options[key] = value
+    if options and mode not in available_modes():
+        raise ValueError(f"{token!r}: options are set here for the registered modes only ({mode} has none)")
+    if options:
+        check_all(f"{token!r}", declared_options(mode), options)
     return mode, options
+
+
+def _value(value):
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def paper_rules():
+    """The tokens of every option whose default departs from its paper (``Option.paper_rule``): for each, the mode
+    with the options the rule acts under (``acts_with``; none: its defaults) and the same with the paper's rule,
+    one after the other, so that benchmarks/tables.py pairs them repeat by repeat."""
+    tokens = []
+    for mode, name, option in departures():
+        base = "/".join([mode] + [f"{k}={_value(v)}" for k, v in option.acts_with.items()])
+        tokens += [t for t in (base, f"{base}/{name}={_value(option.paper_rule)}") if t not in tokens]
+    return tokens
 
 
 def run_one(scenario, token, repeat, args, quotas, out):
@@ -174,6 +200,7 @@ def run_one(scenario, token, repeat, args, quotas, out):
     thread_cpu = json.load(open(threads)) if os.path.exists(threads) else None
     shutil.rmtree(work, ignore_errors=True)
     record = {"scenario": scenario, "what": spec["what"], "mode": mode, "variant": token if options else None,
+              "options": options,
               "repeat": repeat, "commit": commit(),
               "epochs": args.epochs, "steps": args.steps,
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -200,6 +227,9 @@ def main(argv=None):
     p.add_argument("--modes", default=",".join(MODES),
                    help="modes, each MODE or MODE/KEY=VALUE[/KEY=VALUE] (that mode with those options: a row of its "
                         "own, named by the token)")
+    p.add_argument("--paper-rules", action="store_true",
+                   help="also run, for every option whose default departs from its paper, the mode with the "
+                        "paper's rule and without it (docs/paper-fidelity.md)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--first-repeat", type=int, default=1,
                    help="number of the first repeat: a later session adds repeats 4, 5, ... beside stored ones")
@@ -215,6 +245,8 @@ def main(argv=None):
     p.add_argument("--out", default=os.path.join(HERE, "results", datetime.date.today().isoformat()))
     args = p.parse_args(argv)
     scenarios, modes = args.scenarios.split(","), args.modes.split(",")
+    if args.paper_rules:
+        modes += [t for t in paper_rules() if t not in modes]
     unknown = [s for s in scenarios if s not in SCENARIOS]
     if unknown:
         p.error(f"unknown scenario(s) {unknown}; known: {', '.join(SCENARIOS)}")

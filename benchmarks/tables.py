@@ -28,7 +28,7 @@ import os
 import re
 import sys
 
-from figures import FIGURE, figure
+from figures import FIGURE, FORMATS, figure
 from stored import BASELINE, TARGET, after_first_epoch, load, ok, runs_label, spread, summary, token_parts
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -56,6 +56,12 @@ def _machines(modes):
     return "; ".join(f"{name}: runs {runs_label(ks)}" for name, ks in sorted(where.items(), key=lambda i: min(i[1])))
 
 
+def _cells(row, *columns):
+    """``| ``-joined cells of summary() ``row``'s ``columns``, each its median (range) in the column's format (a
+    figure's, less the seconds, which the header names): every table writes a column alike."""
+    return " | ".join(spread(row[c], FORMATS[c].replace(" s", "")) for c in columns)
+
+
 def table(scenario, modes, target=TARGET):
     rows = summary(modes, target)
     order = [BASELINE] + sorted(m for m in rows if m != BASELINE and not variant(m))
@@ -77,44 +83,45 @@ def table(scenario, modes, target=TARGET):
         name = "plain Horovod" if mode == BASELINE else f"`{mode}`"
         if r["failed"]:
             name += f" ({r['failed']} failed)"
-        lines.append(f"| {name} | {spread(r['train'], '{:.1f}')} | {spread(r['speedup'], '{:.2f}x')} | "
-                     f"{spread(r['steady'], '{:.1f}')} | {spread(r['steady_speedup'], '{:.2f}x')} | "
-                     f"{spread(r['ttt'], '{:.1f}')} | {spread(r['ttt_speedup'], '{:.2f}x')} | "
-                     f"{spread(r['accuracy'], '{:.3f}')} | {spread(r['wall'], '{:.0f}')} | {r['runs']} |")
+        lines.append(f"| {name} | {_cells(r, 'train', 'speedup', 'steady', 'steady_speedup', 'ttt', 'ttt_speedup')} "
+                     f"| {_cells(r, 'accuracy', 'wall')} | {r['runs']} |")
     return "\n".join(lines + _switches(modes)) + "\n"
 
 
 def variant(token):
-    """``MODE/KEY=VALUE...`` -> (MODE, "KEY=VALUE, ...") for a variant's token; None for a mode's own name."""
+    """``MODE/KEY=VALUE...`` -> (its base, the last "KEY=VALUE") for a variant's token; None for a mode's own name.
+    The base is the token less its last option (``esync/non_blocking=true/on_ready=abort`` is ``on_ready=abort`` on
+    ``esync/non_blocking=true``): an option that acts only beside another is compared where it acts."""
     mode, pairs = token_parts(token)
-    return (mode, ", ".join(pairs)) if pairs else None
+    return ("/".join([mode, *pairs[:-1]]), pairs[-1]) if pairs else None
 
 
 def rules_table(scenario, modes, target=TARGET):
     """Each variant stored in ``scenario`` (a mode with an option set: a paper's own rule beside our default, or
-    ours beside the paper's) against the same mode with its defaults, paired repeat by repeat: how much sooner
-    the default reached the target accuracy and finished training (the variant's time over the default's, so above
-    1 the default is faster), and both final accuracies."""
+    ours beside the paper's) against its base (the same mode with its defaults, or with the variant's other options)
+    paired repeat by repeat: how much sooner the base reached the target accuracy and finished training (the
+    variant's time over the base's, so above 1 the base is faster), and both final accuracies."""
     pct = int(round(target * 100))
     lines = [f"Scenario `{scenario}`, generated from the stored runs (benchmarks/results/): each row a mode run with "
-             "one option changed from its default, and the same mode with its defaults in the same repeat.  Median "
-             "(range) over the runs; \"default faster by\" is the changed run's time over the default's, so below "
-             "1 the changed option was faster.",
+             "one option changed from its default (the mode column names any other option both runs set), and the "
+             "same mode without that change in the same repeat.  Median (range) over the runs; \"default faster by\" "
+             "is the changed run's time over the default's, so below 1 the changed option was faster.",
              "",
              f"| mode | option changed | time to {pct}% accuracy, s: default / changed | default faster by, to "
              f"{pct}% | training, default faster by | final accuracy: default / changed | runs |",
              "|---|---|---|---|---|---|---|"]
     for token in sorted(m for m in modes if variant(m)):
-        mode, options = variant(token)
-        if mode not in modes:
+        base, option = variant(token)
+        if base not in modes:
             continue
-        paired = {k: r for k, r in modes[mode].items() if k in modes[token]}  # the default's runs of its repeats
-        rows = summary({mode: paired, token: modes[token]}, target, baseline=token)
-        default, changed = rows[mode], rows[token]
-        lines.append(f"| `{mode}` | `{options}` | {spread(default['ttt'], '{:.1f}')} / "
-                     f"{spread(changed['ttt'], '{:.1f}')} | {spread(default['ttt_speedup'], '{:.2f}x')} | "
-                     f"{spread(default['speedup'], '{:.2f}x')} | {spread(default['accuracy'], '{:.3f}')} / "
-                     f"{spread(changed['accuracy'], '{:.3f}')} | {len(default['speedup'])} |")
+        paired = {k: r for k, r in modes[base].items() if k in modes[token]}  # the base's runs of its repeats
+        if not paired:
+            continue
+        rows = summary({base: paired, token: modes[token]}, target, baseline=token)
+        default, changed = rows[base], rows[token]
+        lines.append(f"| `{base}` | `{option}` | {_cells(default, 'ttt')} / {_cells(changed, 'ttt')} | "
+                     f"{_cells(default, 'ttt_speedup', 'speedup', 'accuracy')} / {_cells(changed, 'accuracy')} | "
+                     f"{len(default['speedup'])} |")
     if len(lines) == 4:
         return f"No stored variant run in `{scenario}` yet.\n"
     return "\n".join(lines) + "\n"
@@ -160,9 +167,8 @@ def modes_table(modes, runs, target=TARGET):
             if mode not in rows:
                 continue
             r = rows[mode]
-            lines.append(f"| {name} | `{mode}` | {spread(r['speedup'], '{:.2f}x')} | "
-                         f"{spread(r['steady_speedup'], '{:.2f}x')} | {spread(r['ttt_speedup'], '{:.2f}x')} | "
-                         f"{spread(r['accuracy'], '{:.3f}')} | {spread(base, '{:.3f}')} | {r['runs']} |")
+            lines.append(f"| {name} | `{mode}` | {_cells(r, 'speedup', 'steady_speedup', 'ttt_speedup', 'accuracy')} "
+                         f"| {spread(base, FORMATS['accuracy'])} | {r['runs']} |")
     if len(lines) == 4:
         return f"No stored run of {', '.join(f'`{m}`' for m in modes)} yet.\n"
     return "\n".join(lines) + "\n"

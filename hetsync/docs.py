@@ -48,7 +48,8 @@ def _options_table(declared, env_of=None):
         default = _code(option.default)
         if name in env_of:
             default += f", or `${env_of[name]}` when set"
-        rows.append(f"| `{name}` | {_cell(option.expected())} | {default} | {_cell(option.doc)} | "
+        doc = option.doc + (f" (the paper's rule: {_code(option.paper_rule)})" if option.departs else "")
+        rows.append(f"| `{name}` | {_cell(option.expected())} | {default} | {_cell(doc)} | "
                     f"{_cell(option.paper) or '--'} |")
     return rows
 

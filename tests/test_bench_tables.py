@@ -13,6 +13,8 @@ import run  # noqa: E402
 import stored  # noqa: E402
 import tables  # noqa: E402
 
+from hetsync.algorithms import departures  # noqa: E402
+
 
 def test_every_generated_table_matches_the_stored_runs():
     """A number typed into a generated block, a stored run changed without regenerating, or a measured figure typed
@@ -163,13 +165,15 @@ def test_a_measured_figure_typed_by_hand_is_found_and_a_generated_one_is_not():
 
 
 def test_a_variant_token_names_a_mode_and_its_options_or_is_refused():
-    """``MODE/KEY=VALUE`` runs MODE with that option (JSON values typed, others strings); a typo is refused before
-    any job starts."""
+    """``MODE/KEY=VALUE`` runs MODE with that option (JSON values typed, others strings); a typo, in the mode, the
+    option's name or its value, is refused before any job starts, with the mode's own declarations."""
     assert run.variant("esync/on_ready=abort") == ("esync", {"on_ready": "abort"})
     assert run.variant("ripples-random/group_buffer=false/seed=3") == ("ripples-random",
                                                                        {"group_buffer": False, "seed": 3})
     assert run.variant("hop") == ("hop", {})
-    for bad, says in (("hopp", "unknown mode"), ("horovod/x=1", "no hetsync options"), ("esync/abort", "KEY=VALUE")):
+    for bad, says in (("hopp", "unknown mode"), ("horovod/x=1", "no hetsync options"), ("esync/abort", "KEY=VALUE"),
+                      ("esync/onready=abort", "did you mean 'on_ready'"), ("esync/on_ready=abrt", "'finish' or 'abort'"),
+                      ("ripples-random/group_buffer=0", "True or False"), ("auto/late=latest", "registered modes")):
         try:
             run.variant(bad)
         except ValueError as e:
@@ -203,3 +207,36 @@ def test_a_variant_is_compared_with_its_own_mode_in_the_same_repeat_and_kept_out
            "1.35x (1.10x-1.60x) | 0.940 (0.930-0.950) / 0.915 (0.910-0.920) | 2 |" in text, text
     assert "on_ready" not in tables.table("s", loaded, target=0.9)
     assert figures.figure("s esync ttt_speedup vs=esync/on_ready=abort stat=median", {"s": loaded}) == "2.25x"
+
+
+def test_paper_rules_run_each_departing_option_both_ways_where_it_acts():
+    """``--paper-rules`` comes from the declarations (Option.paper_rule): every option whose default is ours runs
+    with the paper's value right after the same mode without it, and an option that acts only beside another
+    (ESync's on_ready, non-blocking mode only) is compared with that other option set in both runs -- in blocking
+    mode the two runs would be the same code, and their difference noise."""
+    tokens = run.paper_rules()
+    assert "esync/non_blocking=true/on_ready=abort" in tokens and "esync/on_ready=abort" not in tokens
+    assert {"eager-solo/late=algorithm5", "ripples-random/group_buffer=false",
+            "ripples-smart/exclude_laggards=false"} <= set(tokens)
+    for token in tokens:
+        run.variant(token)  # each is valid for its mode: the paper's value passes the option's own check
+    compared = [t for t in tokens if tables.variant(t) and tables.variant(t)[0] in tokens]
+    assert len(compared) == len(departures()), compared  # one comparison per departing option
+    for token in compared:
+        base = tables.variant(token)[0]
+        assert tokens.index(base) < tokens.index(token), (base, token)
+
+
+def test_a_variant_is_paired_with_its_token_less_its_last_option(tmp_path):
+    """``esync/non_blocking=true/on_ready=abort`` is compared with ``esync/non_blocking=true`` of the same repeat,
+    not with ``esync``'s defaults."""
+    day = tmp_path / "2026-01-01"
+    day.mkdir()
+    runs = [_record("esync", 2, 10.0, [(5.0, 0.95, 0.2)]),
+            dict(_record("esync", 1, 50.0, [(20.0, 0.95, 0.2)]), variant="esync/non_blocking=true"),
+            dict(_record("esync", 1, 60.0, [(30.0, 0.93, 0.2)]), variant="esync/non_blocking=true/on_ready=abort")]
+    for i, rec in enumerate(runs):
+        (day / f"{i}.json").write_text(json.dumps(rec))
+    text = tables.rules_table("s", stored.load(str(tmp_path))["s"], target=0.9)
+    assert "| `esync/non_blocking=true` | `on_ready=abort` | 20.0 / 30.0 | 1.50x | 1.20x |" in text, text
+    assert "| `esync` |" not in text, text  # esync's defaults ran in another repeat: nothing to pair

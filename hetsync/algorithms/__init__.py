@@ -31,6 +31,20 @@ def available_modes():
     return sorted(_REGISTRY)
 
 
+def declared_options(sync):
+    """{option name: Option} that mode ``sync`` declares (its ``OPTIONS``)."""
+    _load_all()
+    return dict(_REGISTRY[canonical(sync)].OPTIONS)
+
+
+def departures():
+    """[(mode, option name, Option)] for every option whose default is hetsync's own variant of its paper's rule
+    (``Option.paper_rule`` holds the paper's value): what docs/paper-fidelity.md measures."""
+    _load_all()
+    return [(mode, name, option) for mode in sorted(_REGISTRY)
+            for name, option in _REGISTRY[mode].OPTIONS.items() if option.departs]
+
+
 def canonical(sync):
     """The registered spelling of a mode name: underscores read as hyphens (``ripples_smart`` is
     ``ripples-smart``); anything else is returned as given (``create`` then says what is wrong with it)."""

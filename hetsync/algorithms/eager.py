@@ -67,7 +67,7 @@ class EagerSGD(SyncAlgorithm):
         "late": Option("accumulate", choices=("accumulate", "latest", "algorithm5"),
                        doc="what a step applies: every round since the last (1/P each), the newest round over its "
                            "contributors, or the newest round times 1/P (Algorithm 5 line 6)",
-                       paper="eager-SGD §5 (Algorithm 5)"),
+                       paper="eager-SGD §5 (Algorithm 5)", paper_rule="algorithm5"),
     }
     HOROVOD_REASONS = {
         "device_dense": "it places Horovod's gradient allreduce ops on a device; sync={mode!r} exchanges gradients "

@@ -66,7 +66,8 @@ class ESync(SyncAlgorithm):
                                paper="ESync §4.2"),
         "on_ready": Option("finish", choices=("finish", "abort"),
                            doc="non-blocking mode, READY during an iteration: 'abort' discards it (§4.2), 'finish' "
-                               "keeps its update (ours)", paper="ESync §4.2"),
+                               "keeps its update (ours)", paper="ESync §4.2",
+                           paper_rule="abort", acts_with={"non_blocking": True}),
         "batch_data_test": Option(True, "bool", doc="RUN-BATCH-DATA-TEST before round 0 (Algorithm 1 line 3): "
                                                     "round 0 decided on measured capabilities",
                                   paper="ESync §3.1 (Algorithm 1)"),

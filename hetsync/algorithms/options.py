@@ -11,6 +11,7 @@ import difflib
 import numbers
 
 KINDS = ("int", "number", "bool", "str", "list")
+SAME = object()  # Option's paper_rule when the default is the paper's own rule
 
 
 class Option:
@@ -28,10 +29,15 @@ class Option:
       doc: one line for the option reference (docs/options.md, ``python -m hetsync.docs``); when None is allowed it
         says what None means.
       paper: the paper's section the option implements (e.g. "Hop §4.4"), or "" (hetsync's own, or no section).
+      paper_rule: where the default is hetsync's own variant, the value that is the paper's rule (implemented and
+        tested, so a user can choose it); unset when the default is the paper's.  ``benchmarks/run.py
+        --paper-rules`` measures each such option against its default.
+      acts_with: options under which alone this one acts (ESync's ``on_ready`` only with ``non_blocking=True``):
+        a comparison of its values sets them too.
     """
 
     def __init__(self, default, kind=None, *, minimum=None, above=False, maximum=None, below=False, choices=None,
-                 none=False, doc="", paper=""):
+                 none=False, doc="", paper="", paper_rule=SAME, acts_with=None):
         kinds = () if kind is None else (kind,) if isinstance(kind, str) else tuple(kind)
         if any(k not in KINDS for k in kinds):
             raise TypeError(f"Option kind must be one or more of {KINDS}, got {kind!r}")
@@ -39,6 +45,12 @@ class Option:
         self.minimum, self.above, self.maximum, self.below = minimum, above, maximum, below
         self.choices = tuple(choices) if choices is not None else None
         self.none, self.doc, self.paper = none, doc, paper
+        self.paper_rule, self.acts_with = paper_rule, dict(acts_with or {})
+
+    @property
+    def departs(self):
+        """Whether the default is hetsync's own variant of the paper's rule (``paper_rule`` is then the paper's)."""
+        return self.paper_rule is not SAME
 
     def expected(self):
         """What a value must be, in words (the error message's "expected ...")."""
@@ -133,15 +145,3 @@ def defaults(declared):
     return {name: option.default for name, option in declared.items()}
 
 
-def table(declared):
-    """A Markdown table (option, type, default, meaning, paper §) of a declaration: docs/options.md's tables come
-    from the declarations (hetsync/docs.py, ``python -m hetsync.docs``)."""
-    rows = ["| option | type | default | meaning | paper § |", "|---|---|---|---|---|"]
-    for name, option in declared.items():
-        rows.append(f"| `{name}` | {_cell(option.expected())} | `{option.default!r}` | {_cell(option.doc)} | "
-                    f"{_cell(option.paper) or '--'} |")
-    return "\n".join(rows)
-
-
-def _cell(text):
-    return str(text).replace("|", "\\|").replace("\n", " ")

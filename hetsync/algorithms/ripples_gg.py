@@ -199,7 +199,7 @@ class RipplesRandom(GroupGeneratorAlgorithm):
                    group_buffer=Option(True, "bool",
                                        doc="ours: serve a drafted group instead of a new one (§5.1's Group Buffer;"
                                            " False: §4.1's rule, a fresh group per request)",
-                                       paper="Ripples §5.1, §4.1"))
+                                       paper="Ripples §5.1, §4.1", paper_rule=False))
     GG_OPTIONS = ("group_size", "seed", "ack_timeout", "group_buffer")
 
 
@@ -213,7 +213,8 @@ class RipplesSmart(GroupGeneratorAlgorithm):
                    inter_intra=Option(True, "bool", doc="Inter-Intra synchronization (§5.2)", paper="Ripples §5.2"),
                    exclude_laggards=Option(True, "bool",
                                            doc="ours: also leave out workers c_thres behind the fastest (False: "
-                                               "§5.3's filter c_i - c_w < C_thres only)", paper="Ripples §5.3"),
+                                               "§5.3's filter c_i - c_w < C_thres only)", paper="Ripples §5.3",
+                                           paper_rule=False),
                    node_size=Option(None, ("int", "list"), minimum=1, none=True,
                                     doc="workers per machine, or a list of machine sizes, for Inter-Intra (None: "
                                         "the real placement by host)", paper="Ripples §5.2"))
