@@ -104,8 +104,9 @@ def render():
         "to `hetsync.callbacks.SyncModeCallback(schedule={epoch: (mode, options)})` and `SyncModeCallback.request(mode, **options)`.",
         "- Mode names accept underscores for hyphens (`sync=\"ripples_smart\"` is `\"ripples-smart\"`).  An unknown "
         "mode or option name is a `ValueError` listing the valid ones, with the closest as \"did you mean\".",
-        "- *paper §*: the section of the mode's paper the option implements (\"--\": hetsync's own).  A meaning "
-        "marked \"ours\" is a variant of the paper's rule; the other value is the paper's.",
+        "- *paper §*: the section of the mode's paper the option implements (\"--\": hetsync's own).  Where the "
+        "default is hetsync's own variant, the meaning ends with the paper's rule, one value away "
+        "([paper-fidelity.md](paper-fidelity.md) measures the two).",
         "- A default of `None` means what the row says in parentheses (\"None: ...\").",
         "",
         "Contents: [`hetsync.init`](#hetsyncinit), "
