@@ -136,9 +136,9 @@ def variant(token):
             options[key] = json.loads(value)
         except ValueError:
             options[key] = value
-    if options and mode not in available_modes():
-        raise ValueError(f"{token!r}: options are set here for the registered modes only ({mode} has none)")
     if options:
+        if mode not in available_modes():
+            raise ValueError(f"{token!r}: options are set here for the registered modes only ({mode} has none)")
         check_all(f"{token!r}", declared_options(mode), options)
     return mode, options
 

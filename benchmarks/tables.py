@@ -112,9 +112,7 @@ def rules_table(scenario, modes, target=TARGET):
              "|---|---|---|---|---|---|---|"]
     for token in sorted(m for m in modes if variant(m)):
         base, option = variant(token)
-        if base not in modes:
-            continue
-        paired = {k: r for k, r in modes[base].items() if k in modes[token]}  # the base's runs of its repeats
+        paired = {k: r for k, r in modes.get(base, {}).items() if k in modes[token]}  # the base's runs of its repeats
         if not paired:
             continue
         rows = summary({base: paired, token: modes[token]}, target, baseline=token)
