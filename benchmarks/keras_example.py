@@ -11,8 +11,9 @@ The shape of Horovod's ``tensorflow2_keras_mnist.py``: Adam with the learning ra
 is scikit-learn's bundled 8x8 digits (nothing is downloaded) for a small CNN; every step is real compute, nothing is
 emulated: a slow rank is slow because of its CPU quota (benchmarks/quota.py), not a sleep.  The one exception is
 the sleep-emulated "slow GPU" scenarios (``--device-ms``): there each training forward pass also sleeps an
-accelerator's device time, per sample of the batch, longer on a slow rank (``--device-factors``), with every rank at
-the same CPU quota.
+accelerator's device time, per sample of the batch, longer on a slow rank (``--device-factors``) or, with
+``--device-random P,F``, F times longer at a random P of each rank's steps (seeded: a shared GPU, variable input
+lengths), with every rank at the same CPU quota.
 
 Clocks (each rank's own ``time.monotonic``; nothing is compared across ranks): ``train_s`` runs from fit's
 ``on_train_begin`` to its ``on_train_end`` (``fit`` itself may return much later: tf.data's autotuning can hold a
@@ -21,6 +22,7 @@ rank at the end of fit), the same instant for every mode.  Rank 0 evaluates its 
 the time to a target accuracy is read off it.  Each rank writes ``rank<R>.json`` under ``--out``.
 """
 import argparse
+import random
 import json
 import os
 import sys
@@ -53,6 +55,9 @@ def parse(argv=None):
                    help="emulated device time per sample of a training batch, in ms (0: none, real compute only)")
     p.add_argument("--device-factors", default="",
                    help="comma list, one per rank: how many times the normal device time each rank's GPU takes")
+    p.add_argument("--device-random", default="",
+                   help="P,F: at a random P of its training steps (seeded per rank) a rank's device time is F times "
+                        "longer")
     p.add_argument("--out", required=True, help="directory for rank<R>.json")
     return p.parse_args(argv)
 
@@ -65,12 +70,16 @@ class DeviceTime(tf.keras.layers.Layer):
     why both kinds of scenario are stored.  Evaluation (``training=False``) does not sleep.
     """
 
-    def __init__(self, seconds_per_sample, **kwargs):
+    def __init__(self, seconds_per_sample, random_slow=None, seed=0, **kwargs):
         super().__init__(**kwargs)
         self.seconds_per_sample = seconds_per_sample
+        self.random_slow, self.rng = random_slow, random.Random(seed)  # (probability, factor) of a slow step
 
     def _sleep(self, rows):
-        time.sleep(float(rows) * self.seconds_per_sample)
+        factor = 1.0
+        if self.random_slow and self.rng.random() < self.random_slow[0]:
+            factor = self.random_slow[1]
+        time.sleep(float(rows) * self.seconds_per_sample * factor)
         return np.float32(0.0)
 
     def call(self, x, training=None):
@@ -81,10 +90,11 @@ class DeviceTime(tf.keras.layers.Layer):
             return tf.identity(x)
 
 
-def build_model(device_s=0.0):
+def build_model(device_s=0.0, random_slow=None, seed=0):
     """Horovod's example CNN, sized for 8x8 images; built lazily, as there.  With ``device_s`` (seconds per sample),
-    a :class:`DeviceTime` layer first."""
-    emulated = [DeviceTime(device_s)] if device_s > 0 else []
+    a :class:`DeviceTime` layer first (``random_slow``: its (probability, factor) of a slow step, ``seed`` its
+    draws')."""
+    emulated = [DeviceTime(device_s, random_slow, seed)] if device_s > 0 else []
     return tf.keras.Sequential(emulated + [
         tf.keras.layers.Conv2D(32, 3, activation="relu", padding="same"),
         tf.keras.layers.Conv2D(64, 3, activation="relu"),
@@ -147,7 +157,10 @@ def main(argv=None):
     factors = [float(f) for f in args.device_factors.split(",")] if args.device_factors else [1.0] * size
     if len(factors) != size:
         raise SystemExit(f"--device-factors has {len(factors)} values for {size} ranks")
-    model = build_model(args.device_ms / 1000.0 * factors[rank])
+    random_slow = tuple(float(v) for v in args.device_random.split(",")) if args.device_random else None
+    if random_slow is not None and (len(random_slow) != 2 or not 0 <= random_slow[0] <= 1 or random_slow[1] < 1):
+        raise SystemExit(f"--device-random wants P,F with 0 <= P <= 1 and F >= 1, got {args.device_random!r}")
+    model = build_model(args.device_ms / 1000.0 * factors[rank], random_slow, seed=1000 * args.seed + rank)
     opt = tf.keras.optimizers.Adam(args.lr * size)
     if plain:
         opt = hvd.DistributedOptimizer(opt)

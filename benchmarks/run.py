@@ -9,8 +9,9 @@
 
 Each run launches ``horovodrun --mpi -np N benchmarks/in_cgroup.sh python benchmarks/keras_example.py --sync M``:
 each rank in its own cgroup whose CPU quota makes it the node the scenario says (benchmarks/quota.py), the real
-model, nothing emulated -- except in the sleep-emulated scenarios (``EMULATED``: ``slow-gpu``), which add a
-slow GPU's device time as a sleep per sample inside each training step, at equal quotas.  ``2-hosts`` runs across
+model, nothing emulated -- except in the sleep-emulated scenarios (``EMULATED``: ``slow-gpu``, ``random-gpu``),
+which add a GPU's device time as a sleep per sample inside each training step (a slow GPU's longer; random slow
+steps), at equal quotas.  ``2-hosts`` runs across
 the emulated hosts of scripts/cluster.sh, each host's cgroup holding its ranks.  ``horovod`` is plain
 ``hvd.DistributedOptimizer`` with no hetsync import; ``allreduce``
 is hetsync's synchronous mode, so its overhead is a row of its own.  The modes of one repeat run one after another
@@ -82,6 +83,10 @@ SCENARIOS = {
     "slow-gpu": dict(quotas=[FAST] * 4, device=dict(ms=DEVICE_MS, factors=[1, 1, 1, 5]),
                      what=f"one slow GPU, emulated: every training step sleeps {DEVICE_MS} ms per sample (rank 3: "
                           "5x that), equal CPU quotas"),
+    "random-gpu": dict(quotas=[FAST] * 4, device=dict(ms=2 * DEVICE_MS, factors=[1, 1, 1, 1], random=[0.25, 4]),
+                       what=f"random slow steps, emulated: every training step sleeps {2 * DEVICE_MS} ms per sample, "
+                            "4x that at a random quarter of each rank's steps (seeded per rank: a shared GPU, "
+                            "variable input lengths; Hop's random-slowdown protocol), equal CPU quotas"),
 }
 EMULATED = [s for s, spec in SCENARIOS.items() if "device" in spec]  # the rest: real heterogeneity, CPU quotas
 MODES = ["horovod", "allreduce", "balanced", "ripples-static", "ripples-random", "ripples-smart", "eager-solo",
@@ -158,6 +163,15 @@ def paper_rules():
     return tokens
 
 
+def settings(mode, options):
+    """Every option of ``mode`` as the run used it (its declared defaults with ``options`` over them; {} for plain
+    Horovod), stored with the run: a run stays readable after a default changes (benchmarks/stored.py)."""
+    if mode not in available_modes():
+        return {}
+    values = {name: option.default for name, option in declared_options(mode).items()}
+    return json.loads(json.dumps({**values, **options}, default=repr))
+
+
 def run_one(scenario, token, repeat, args, quotas, out):
     spec = SCENARIOS[scenario]
     mode, options = variant(token)
@@ -174,6 +188,8 @@ def run_one(scenario, token, repeat, args, quotas, out):
     if "device" in spec:  # sleep-emulated device time (keras_example.DeviceTime)
         cmd += ["--device-ms", str(spec["device"]["ms"]), "--device-factors",
                 ",".join(str(f) for f in spec["device"]["factors"])]
+        if "random" in spec["device"]:
+            cmd += ["--device-random", ",".join(str(v) for v in spec["device"]["random"])]
     if args.sync_options:  # a trial of a mode's options; the record keeps them (tables.py leaves such runs out)
         cmd += ["--sync-options", args.sync_options]
     elif options:  # a variant: its own row in the tables, under its token
@@ -201,6 +217,7 @@ def run_one(scenario, token, repeat, args, quotas, out):
     shutil.rmtree(work, ignore_errors=True)
     record = {"scenario": scenario, "what": spec["what"], "mode": mode, "variant": token if options else None,
               "options": options,
+              "settings": settings(mode, {**options, **json.loads(args.sync_options or "{}")}),
               "repeat": repeat, "commit": commit(),
               "epochs": args.epochs, "steps": args.steps,
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
