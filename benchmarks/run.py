@@ -190,9 +190,7 @@ def run_one(scenario, token, repeat, args, quotas, out):
                 ",".join(str(f) for f in spec["device"]["factors"])]
         if "random" in spec["device"]:
             cmd += ["--device-random", ",".join(str(v) for v in spec["device"]["random"])]
-    if args.sync_options:  # a trial of a mode's options; the record keeps them (tables.py leaves such runs out)
-        cmd += ["--sync-options", args.sync_options]
-    elif options:  # a variant: its own row in the tables, under its token
+    if options:  # a variant: its own row in the tables, under its token
         cmd += ["--sync-options", json.dumps(options, sort_keys=True)]
     if args.thread_cpu:  # every rank's threads sampled from /proc (benchmarks/thread_cpu.py), stored with the run
         cmd = [sys.executable, os.path.join(HERE, "thread_cpu.py"), "--per-rank", "--json",
@@ -217,14 +215,13 @@ def run_one(scenario, token, repeat, args, quotas, out):
     shutil.rmtree(work, ignore_errors=True)
     record = {"scenario": scenario, "what": spec["what"], "mode": mode, "variant": token if options else None,
               "options": options,
-              "settings": settings(mode, {**options, **json.loads(args.sync_options or "{}")}),
+              "settings": settings(mode, options),
               "repeat": repeat, "commit": commit(),
               "epochs": args.epochs, "steps": args.steps,
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "command": " ".join(cmd), "machine": machine(), "quotas": spec["quotas"],
               "device": spec.get("device"), "hosts": spec.get("hosts"),
               "quota_changes": schedule.applied, "returncode": proc.returncode, "job_wall_s": round(wall, 2),
-              "sync_options": args.sync_options or None,
               "horovod_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("HOROVOD_")},
               "ranks": ranks}
     if thread_cpu is not None:
@@ -253,9 +250,6 @@ def main(argv=None):
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--job-timeout", type=float, default=900)
-    p.add_argument("--sync-options", default="",
-                   help="JSON of the hetsync mode's options, for a trial (stored with the run; the tables use only "
-                        "runs of the defaults)")
     p.add_argument("--thread-cpu", action="store_true",
                    help="also store each rank's CPU seconds per thread (TensorFlow's, Horovod's, hetsync-engine): "
                         "where a slow rank's quota goes")
@@ -272,8 +266,6 @@ def main(argv=None):
             variant(token)
         except ValueError as e:
             p.error(str(e))
-    if args.sync_options and any("/" in token for token in modes):
-        p.error("--sync-options sets every mode's options; a MODE/KEY=VALUE token sets one's: use one or the other")
     first = args.first_repeat
     jobs = [(s, m, k) for s in scenarios for k in range(first, first + args.repeats) for m in modes]
     progress = Progress(len(jobs), estimate_s=90)

@@ -21,14 +21,11 @@ def token_parts(token):
 def load(results=os.path.join(HERE, "results")):
     """Every stored run, newest date folder last: {scenario: {mode: {repeat: record}}} (a later date's run of the same
     scenario, mode and repeat replaces an earlier one).  A variant (``run.py --modes MODE/KEY=VALUE``: a mode with
-    an option set, such as a paper's own rule) is keyed by its token; a trial of ``run.py --sync-options``, which
-    names no variant, is left out: the tables are of what a user gets from the one-line change."""
+    an option set, such as a paper's own rule) is keyed by its token."""
     runs = {}
     for path in sorted(glob.glob(os.path.join(results, "*", "*.json"))):
         rec = json.load(open(path))
         key = rec.get("variant") or rec["mode"]
-        if rec.get("sync_options") and not rec.get("variant"):
-            continue
         runs.setdefault(rec["scenario"], {}).setdefault(key, {})[rec["repeat"]] = rec
     return runs
 

@@ -64,7 +64,7 @@ def _cells(row, *columns):
 
 def table(scenario, modes, target=TARGET):
     rows = summary(modes, target)
-    order = [BASELINE] + sorted(m for m in rows if m != BASELINE and not variant(m))
+    order = [BASELINE] + sorted(m for m in rows if m != BASELINE and not paired_with(m))
     some = next(iter(next(iter(modes.values())).values()))
     commits = ", ".join(sorted({rec["commit"] for repeats in modes.values() for rec in repeats.values()}))
     pct = int(round(target * 100))
@@ -88,7 +88,7 @@ def table(scenario, modes, target=TARGET):
     return "\n".join(lines + _switches(modes)) + "\n"
 
 
-def variant(token):
+def paired_with(token):
     """``MODE/KEY=VALUE...`` -> (its base, the last "KEY=VALUE") for a variant's token; None for a mode's own name.
     The base is the token less its last option (``esync/non_blocking=true/on_ready=abort`` is ``on_ready=abort`` on
     ``esync/non_blocking=true``): an option that acts only beside another is compared where it acts."""
@@ -110,8 +110,8 @@ def rules_table(scenario, modes, target=TARGET):
              f"| mode | option changed | time to {pct}% accuracy, s: default / changed | default faster by, to "
              f"{pct}% | training, default faster by | final accuracy: default / changed | runs |",
              "|---|---|---|---|---|---|---|"]
-    for token in sorted(m for m in modes if variant(m)):
-        base, option = variant(token)
+    for token in sorted(m for m in modes if paired_with(m)):
+        base, option = paired_with(token)
         paired = {k: r for k, r in modes.get(base, {}).items() if k in modes[token]}  # the base's runs of its repeats
         if not paired:
             continue

@@ -184,8 +184,7 @@ def test_a_variant_token_names_a_mode_and_its_options_or_is_refused():
 
 def test_a_variant_is_compared_with_its_own_mode_in_the_same_repeat_and_kept_out_of_the_scenario_table(tmp_path):
     """A paper's rule and our default are compared run k with run k of the same mode (not with Horovod, and not
-    median with median); the variant is no row of the scenario's own table, and a ``--sync-options`` trial with no
-    variant is left out entirely."""
+    median with median); the variant is no row of the scenario's own table."""
     day = tmp_path / "2026-01-01"
     day.mkdir()
     runs = [_record("horovod", 1, 100.0, [(90.0, 0.92, 0.3)]),
@@ -193,10 +192,9 @@ def test_a_variant_is_compared_with_its_own_mode_in_the_same_repeat_and_kept_out
             _record("esync", 2, 40.0, [(10.0, 0.93, 0.2)]),
             _record("esync", 3, 45.0, [(15.0, 0.93, 0.2)]),
             dict(_record("esync", 1, 80.0, [(60.0, 0.91, 0.2)]), variant="esync/on_ready=abort",
-                 sync_options='{"on_ready": "abort"}'),
+                 options={"on_ready": "abort"}),
             dict(_record("esync", 2, 44.0, [(15.0, 0.92, 0.2)]), variant="esync/on_ready=abort",
-                 sync_options='{"on_ready": "abort"}'),
-            dict(_record("hop", 1, 1.0, [(1.0, 0.99, 0.1)]), sync_options='{"staleness": 9}')]
+                 options={"on_ready": "abort"})]
     for i, rec in enumerate(runs):
         (day / f"{i}.json").write_text(json.dumps(rec))
     loaded = stored.load(str(tmp_path))["s"]
@@ -220,10 +218,10 @@ def test_paper_rules_run_each_departing_option_both_ways_where_it_acts():
             "ripples-smart/exclude_laggards=false"} <= set(tokens)
     for token in tokens:
         run.variant(token)  # each is valid for its mode: the paper's value passes the option's own check
-    compared = [t for t in tokens if tables.variant(t) and tables.variant(t)[0] in tokens]
+    compared = [t for t in tokens if tables.paired_with(t) and tables.paired_with(t)[0] in tokens]
     assert len(compared) == len(departures()), compared  # one comparison per departing option
     for token in compared:
-        base = tables.variant(token)[0]
+        base = tables.paired_with(token)[0]
         assert tokens.index(base) < tokens.index(token), (base, token)
 
 
@@ -240,3 +238,13 @@ def test_a_variant_is_paired_with_its_token_less_its_last_option(tmp_path):
     text = tables.rules_table("s", stored.load(str(tmp_path))["s"], target=0.9)
     assert "| `esync/non_blocking=true` | `on_ready=abort` | 20.0 / 30.0 | 1.50x | 1.20x |" in text, text
     assert "| `esync` |" not in text, text  # esync's defaults ran in another repeat: nothing to pair
+
+
+def test_a_record_stores_every_option_as_the_run_used_it():
+    """``settings``: the mode's declared defaults with the token's options over them, so a stored run says what it
+    ran even after a default changes; plain Horovod has none."""
+    defaults = run.settings("eager-solo", {})
+    assert set(defaults) == set(run.declared_options("eager-solo")) and defaults["late"] == "accumulate"
+    assert run.settings("eager-solo", {"late": "algorithm5"})["late"] == "algorithm5"
+    assert json.loads(json.dumps(run.settings("esync", {"non_blocking": True})))["non_blocking"] is True
+    assert run.settings("horovod", {}) == {}
