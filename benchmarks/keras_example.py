@@ -5,7 +5,8 @@ difference between plain Horovod and hetsync.
                                                                                          # is not even imported
     horovodrun -np 4 -H localhost:4 python benchmarks/keras_example.py --sync esync     # one line changed
 
-The shape of Horovod's ``tensorflow2_keras_mnist.py``: Adam with the learning rate scaled by the number of workers,
+The shape of Horovod's ``tensorflow2_keras_mnist.py``: Adam with the learning rate scaled by the number of workers
+(``--optimizer sgd``: plain SGD with momentum, where the size of each averaged gradient is the size of the step),
 ``BroadcastGlobalVariablesCallback(0)``, ``MetricAverageCallback()``, ``LearningRateWarmupCallback``, real epochs of
 ``--steps`` train steps per rank, and a user's own ``hvd.allreduce`` every ``--allreduce-every`` batches.  The data
 is scikit-learn's bundled 8x8 digits (nothing is downloaded) for a small CNN; every step is real compute, nothing is
@@ -47,7 +48,10 @@ def parse(argv=None):
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--steps", type=int, default=50, help="train steps per rank per epoch (Keras steps_per_epoch)")
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=0.001, help="Adam's learning rate per worker (scaled by size)")
+    p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam",
+                   help="adam (Horovod's example) or sgd (plain SGD with momentum 0.9, as ResNet recipes train)")
+    p.add_argument("--lr", type=float, default=None,
+                   help="learning rate per worker, scaled by size (default: 0.001 for adam, 0.01 for sgd)")
     p.add_argument("--allreduce-every", type=int, default=7, help="a user's hvd.allreduce every N batches (0: none)")
     p.add_argument("--eval-every", type=int, default=10, help="rank 0 evaluates its model every N of its batches")
     p.add_argument("--seed", type=int, default=0)
@@ -161,7 +165,8 @@ def main(argv=None):
     if random_slow is not None and (len(random_slow) != 2 or not 0 <= random_slow[0] <= 1 or random_slow[1] < 1):
         raise SystemExit(f"--device-random wants P,F with 0 <= P <= 1 and F >= 1, got {args.device_random!r}")
     model = build_model(args.device_ms / 1000.0 * factors[rank], random_slow, seed=1000 * args.seed + rank)
-    opt = tf.keras.optimizers.Adam(args.lr * size)
+    lr = (args.lr or {"adam": 0.001, "sgd": 0.01}[args.optimizer]) * size
+    opt = tf.keras.optimizers.Adam(lr) if args.optimizer == "adam" else tf.keras.optimizers.SGD(lr, momentum=0.9)
     if plain:
         opt = hvd.DistributedOptimizer(opt)
     else:
@@ -170,7 +175,7 @@ def main(argv=None):
                   metrics=["accuracy"])
     clock = Clock(x_test, y_test, args.eval_every, evaluate=rank == 0)
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback(),
-                 hvd.callbacks.LearningRateWarmupCallback(initial_lr=args.lr * size, warmup_epochs=1, verbose=0),
+                 hvd.callbacks.LearningRateWarmupCallback(initial_lr=lr, warmup_epochs=1, verbose=0),
                  PeriodicAllreduce(args.allreduce_every), clock]
     fit = model.fit if plain else (lambda *a, **k: hetsync.keras.fit(model, *a, **k))
     began = time.monotonic()

@@ -9,9 +9,9 @@
 
 Each run launches ``horovodrun --mpi -np N benchmarks/in_cgroup.sh python benchmarks/keras_example.py --sync M``:
 each rank in its own cgroup whose CPU quota makes it the node the scenario says (benchmarks/quota.py), the real
-model, nothing emulated -- except in the sleep-emulated scenarios (``EMULATED``: ``slow-gpu``, ``random-gpu``),
-which add a GPU's device time as a sleep per sample inside each training step (a slow GPU's longer; random slow
-steps), at equal quotas.  ``2-hosts`` runs across
+model, nothing emulated -- except in the sleep-emulated scenarios (``EMULATED``: ``slow-gpu``, ``random-gpu``,
+``random-gpu-sgd``), which add a GPU's device time as a sleep per sample inside each training step (a slow GPU's
+longer, or random slow steps), at equal quotas.  ``2-hosts`` runs across
 the emulated hosts of scripts/cluster.sh, each host's cgroup holding its ranks.  ``horovod`` is plain
 ``hvd.DistributedOptimizer`` with no hetsync import; ``allreduce``
 is hetsync's synchronous mode, so its overhead is a row of its own.  The modes of one repeat run one after another
@@ -66,6 +66,10 @@ def _transient(ranks, seconds=400, every=8.0, lasting=4.0, seed=0):
     return changes
 
 
+_RANDOM_GPU = dict(ms=2 * DEVICE_MS, factors=[1, 1, 1, 1], random=[0.25, 4])
+_RANDOM_WHAT = (f"random slow steps, emulated: every training step sleeps {2 * DEVICE_MS} ms per sample, 4x that at a "
+                "random quarter of each rank's steps (seeded per rank: a shared GPU, variable input lengths; Hop's "
+                "random-slowdown protocol)")
 SCENARIOS = {
     "slow-node": dict(quotas=[FAST, FAST, FAST, SLOW], what="one slow node: rank 3 has a fifth of the others' CPU"),
     "speeds-1-2-3-5": dict(quotas=[FAST, FAST / 2, FAST / 3, FAST / 5], what="speeds 1 : 1/2 : 1/3 : 1/5"),
@@ -83,10 +87,10 @@ SCENARIOS = {
     "slow-gpu": dict(quotas=[FAST] * 4, device=dict(ms=DEVICE_MS, factors=[1, 1, 1, 5]),
                      what=f"one slow GPU, emulated: every training step sleeps {DEVICE_MS} ms per sample (rank 3: "
                           "5x that), equal CPU quotas"),
-    "random-gpu": dict(quotas=[FAST] * 4, device=dict(ms=2 * DEVICE_MS, factors=[1, 1, 1, 1], random=[0.25, 4]),
-                       what=f"random slow steps, emulated: every training step sleeps {2 * DEVICE_MS} ms per sample, "
-                            "4x that at a random quarter of each rank's steps (seeded per rank: a shared GPU, "
-                            "variable input lengths; Hop's random-slowdown protocol), equal CPU quotas"),
+    "random-gpu": dict(quotas=[FAST] * 4, device=_RANDOM_GPU, what=_RANDOM_WHAT + ", equal CPU quotas"),
+    # the same with plain SGD (momentum 0.9) for Adam: a rule that scales the averaged gradient scales the step
+    "random-gpu-sgd": dict(quotas=[FAST] * 4, device=_RANDOM_GPU, args=["--optimizer", "sgd"],
+                           what=_RANDOM_WHAT + ", equal CPU quotas, SGD with momentum 0.9 instead of Adam"),
 }
 EMULATED = [s for s, spec in SCENARIOS.items() if "device" in spec]  # the rest: real heterogeneity, CPU quotas
 MODES = ["horovod", "allreduce", "balanced", "ripples-static", "ripples-random", "ripples-smart", "eager-solo",
@@ -178,7 +182,7 @@ def run_one(scenario, token, repeat, args, quotas, out):
     n = len(spec["quotas"])
     work = tempfile.mkdtemp(prefix="hetsync-bench-")
     script = [sys.executable, os.path.join(HERE, "keras_example.py"), "--sync", mode, "--epochs", str(args.epochs),
-              "--steps", str(args.steps), "--out", work]
+              "--steps", str(args.steps), "--out", work, *spec.get("args", [])]
     env = dict(os.environ, **MPI_ENV, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     if "hosts" in spec:  # Open MPI across the emulated hosts, whose cgroups (cluster.sh up --cpu) hold the quotas
         cmd = launcher(n, ",".join(f"{h}:{k}" for h, k in spec["hosts"].items()), env) + script
