@@ -175,7 +175,9 @@ def main(argv=None):
                   metrics=["accuracy"])
     clock = Clock(x_test, y_test, args.eval_every, evaluate=rank == 0)
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback(),
-                 hvd.callbacks.LearningRateWarmupCallback(initial_lr=lr, warmup_epochs=1, verbose=0),
+                 # no momentum correction: it sets Keras 2.13+'s float momentum as a variable and fails (Adam has none)
+                 hvd.callbacks.LearningRateWarmupCallback(initial_lr=lr, momentum_correction=False, warmup_epochs=1,
+                                                          verbose=0),
                  PeriodicAllreduce(args.allreduce_every), clock]
     fit = model.fit if plain else (lambda *a, **k: hetsync.keras.fit(model, *a, **k))
     began = time.monotonic()
