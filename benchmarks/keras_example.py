@@ -23,9 +23,9 @@ rank at the end of fit), the same instant for every mode.  Rank 0 evaluates its 
 the time to a target accuracy is read off it.  Each rank writes ``rank<R>.json`` under ``--out``.
 """
 import argparse
-import random
 import json
 import os
+import random
 import sys
 import time
 

@@ -8,7 +8,7 @@ A generated block sits between ``<!-- bench: SCENARIO -->`` and ``<!-- /bench --
 written by hand. A ``<!-- bench-rules: SCENARIO -->`` block holds the scenario's variants (``run.py --modes
 MODE/KEY=VALUE``: a paper's own rule beside our default), each against its mode's defaults in the same repeat. A
 ``<!-- bench-modes: MODE,MODE -->`` block (a mode's page) holds those modes' rows of every stored scenario, each
-against plain Horovod (a MODE may be a variant's token). A ``<!-- bench-threads: FOLDER -->`` block is made the same way from the runs stored with
+against plain Horovod. A ``<!-- bench-threads: FOLDER -->`` block is made the same way from the runs stored with
 ``run.py --thread-cpu`` under benchmarks/thread-profiles/FOLDER/ (a subfolder names a condition of its runs, such as
 an environment variable set for them): where each rank's CPU went, per thread. A figure in running text sits between
 ``<!-- fig: SCENARIO MODE COLUMN [vs=MODE] [runs=A-B] [stat=S] -->`` and ``<!-- /fig -->`` (benchmarks/figures.py;
@@ -36,7 +36,7 @@ ROOT = os.path.dirname(HERE)
 PAGES = [os.path.join(ROOT, "README.md"), *sorted(glob.glob(os.path.join(ROOT, "docs", "*.md"))),
          *sorted(glob.glob(os.path.join(ROOT, "docs", "modes", "*.md")))]
 BLOCK = re.compile(r"(<!-- bench: (?P<scenario>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- /bench -->)", re.S)
-MODES_BLOCK = re.compile(r"(<!-- bench-modes: (?P<modes>[a-z0-9,/=_.-]+) -->\n)(?P<body>.*?)(<!-- /bench-modes -->)", re.S)
+MODES_BLOCK = re.compile(r"(<!-- bench-modes: (?P<modes>[a-z0-9,-]+) -->\n)(?P<body>.*?)(<!-- /bench-modes -->)", re.S)
 THREADS = re.compile(r"(<!-- bench-threads: (?P<folder>[A-Za-z0-9._-]+) -->\n)(?P<body>.*?)(<!-- /bench-threads -->)",
                      re.S)
 RULES = re.compile(r"(<!-- bench-rules: (?P<scenario>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- /bench-rules -->)", re.S)
