@@ -48,7 +48,7 @@ bench: bench-quota bench-rules
 	$(PY) examples/benchmark.py --preset full --out results/bench
 
 bench-quota: install
-	$(PY) benchmarks/run.py --scenarios slow-node,speeds-1-2-3-5,shared-node,transient,homogeneous,8-workers,2-hosts,slow-gpu,random-gpu,random-gpu-sgd
+	$(PY) benchmarks/run.py --scenarios all
 	$(PY) benchmarks/tables.py
 
 bench-rules: install

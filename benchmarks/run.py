@@ -241,7 +241,7 @@ def run_one(scenario, token, repeat, args, quotas, out):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scenarios", default="slow-node",
-                   help=f"comma list of {', '.join(SCENARIOS)} (sleep-emulated: {', '.join(EMULATED)})")
+                   help=f"comma list of {', '.join(SCENARIOS)} (sleep-emulated: {', '.join(EMULATED)}), or all")
     p.add_argument("--modes", default=",".join(MODES),
                    help="modes, each MODE or MODE/KEY=VALUE[/KEY=VALUE] (that mode with those options: a row of its "
                         "own, named by the token)")
@@ -259,7 +259,8 @@ def main(argv=None):
                         "where a slow rank's quota goes")
     p.add_argument("--out", default=os.path.join(HERE, "results", datetime.date.today().isoformat()))
     args = p.parse_args(argv)
-    scenarios, modes = args.scenarios.split(","), args.modes.split(",")
+    scenarios = list(SCENARIOS) if args.scenarios == "all" else args.scenarios.split(",")
+    modes = args.modes.split(",")
     if args.paper_rules:
         modes += [t for t in paper_rules() if t not in modes]
     unknown = [s for s in scenarios if s not in SCENARIOS]
