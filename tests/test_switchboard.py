@@ -15,6 +15,7 @@ force between its exit and entry thresholds; switches are at least min_interval 
 sample per local iteration (StepClock), so random slowdowns inside a round are seen.
 """
 import heapq
+import logging
 import random
 
 import pytest
@@ -212,6 +213,22 @@ def test_random_slowdowns_switch_to_the_random_mode(n, seed):
 
     proposal, _ = feed(policy, n, 15.0, sample)
     assert proposal is not None and proposal[0] == RANDOM_MODE, policy.last
+
+
+def test_each_change_of_the_class_seen_is_logged_once(caplog):
+    """What auto sees while it does not switch is readable (HETSYNC_LOG_LEVEL=DEBUG): one record per change of
+    class, none for the evaluations that see the same class again."""
+    policy = make(4)
+    policy.state = "straggler"
+    policy.current_mode = STRAGGLER_MODE
+    with caplog.at_level(logging.DEBUG, logger="hetsync.switching.auto"):
+        feed(policy, 4, 6.0, lambda r, t: 0.02 * (4 if r == 0 else 1))
+        feed(policy, 4, 6.0, lambda r, t: 0.02, start=6.0)
+    seen = [r.getMessage() for r in caplog.records if r.name == "hetsync.switching.auto"]
+    classes = [m.split()[2] for m in seen]  # the window drains through "random" on its way to homogeneous
+    assert classes[:2] == ["None", "straggler"] and classes[-1] == "homogeneous", seen
+    assert len(classes) <= 4 and all(a != b for a, b in zip(classes, classes[1:])), seen  # of ~48 evaluations
+    assert "rank 0 " in seen[1] and f"in {STRAGGLER_MODE}" in seen[1]
 
 
 def test_hysteresis_and_min_interval():

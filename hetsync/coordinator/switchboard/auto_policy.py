@@ -27,7 +27,8 @@ dilute one slow iteration among a fast rank's many, and random slowdowns were re
 its own test fails by a margin -- a straggler stays one while m_r >= ``straggler_exit`` x typical (1.25), random
 stays while the slow fraction >= ``random_exit`` (3%) -- and a new class must be seen in every evaluation for
 ``settle`` seconds (2) before it is acted on; switches are at least ``min_interval`` seconds apart (10).
-Evaluations run at most every 0.25 s.
+Evaluations run at most every 0.25 s; each change of the class seen is logged (DEBUG, "hetsync.switching.auto", on
+rank 0) with its evidence.
 
 **Modes** (``candidates``): homogeneous -> "allreduce" (nothing to hide, nothing beats Horovod), straggler ->
 "ripples-smart" (the fast ranks P-Reduce among themselves while the slow one computes: the highest median speedup
@@ -46,6 +47,7 @@ slow; the straggler class is then in force, so the job moves to allreduce once n
 period is ``straggler_exit`` x typical for ``settle`` seconds.  The former
 start, ``start="homogeneous"``, trains at Horovod's pace until a straggler is recognised.
 """
+import logging
 import statistics
 
 from hetsync.algorithms.options import Option, check_all, defaults, did_you_mean
@@ -65,6 +67,7 @@ SETTINGS = {
 }
 DEFAULTS = defaults(SETTINGS)
 EVALUATE_EVERY_S = 0.25
+log = logging.getLogger("hetsync.switching.auto")
 
 
 def normalize_candidates(candidates):
@@ -169,6 +172,8 @@ class AutoPolicy:
         if self.state is None:  # the class whose mode auto started in is the class in force: its hysteresis holds
             self.state = self._class_of(current_mode)
         cls, evidence = self.classify(now)
+        if self.last is None or self.last[0] != cls:  # what the policy sees, as it changes (HETSYNC_LOG_LEVEL=DEBUG)
+            log.debug("auto: class %s in %s (in force: %s): %s", cls, current_mode, self.state, evidence)
         self.last = (cls, evidence)
         if cls is None:
             self.seen = None
