@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
+import subprocess
+import sys
 import threading
 import time
 
@@ -312,3 +315,25 @@ def test_generated_code_is_package_relative_one_proto_per_service():
         assert os.path.exists(os.path.join(_proto.PROTO_DIR, f"{service}.proto"))
         assert f"from . import {service}_pb2 as" in open(grpc_path).read(), grpc_path
         assert os.path.exists(pb2_path)
+
+
+def test_stale_generated_code_is_regenerated_in_a_process_that_has_imported_horovod(tmp_path):
+    """A rank finds the generated modules missing or older than their .proto (a source checkout, a pulled .proto)
+    after it has imported horovod.tensorflow.  protoc's compiler library loaded into such a process crashed it with
+    a segmentation fault, so generation runs protoc in a child process.  Checked on a copy of the tree's protos, with
+    every service regenerated."""
+    coordinator = tmp_path / "hetsync" / "coordinator"
+    for service in _proto.SERVICES:
+        (coordinator / service).mkdir(parents=True)
+    shutil.copy(_proto.__file__, coordinator / "_proto.py")
+    shutil.copytree(_proto.PROTO_DIR, tmp_path / "protos")
+    code = ("import sys; import horovod.tensorflow.keras; sys.path.insert(0, sys.argv[1]); import _proto; "
+            "print(len(_proto.ensure_generated(force=True)))")
+    done = subprocess.run([sys.executable, "-c", code, str(coordinator)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == str(2 * len(_proto.SERVICES))
+    for service in _proto.SERVICES:
+        grpc_text = (coordinator / service / f"{service}_pb2_grpc.py").read_text()
+        assert f"from . import {service}_pb2 as" in grpc_text
+        assert (coordinator / service / f"{service}_pb2.py").stat().st_size > 0

@@ -12,8 +12,10 @@ This module imports nothing from hetsync and can also be run as a script
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import re
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -51,24 +53,27 @@ def _up_to_date(service: str) -> bool:
 def _generate(service: str) -> None:
     """Runs ``grpc_tools.protoc`` for one service into its folder.  Safe when several processes (ranks) call it at
     once: each generates into a private temporary directory and moves the finished files in place with
-    :func:`os.replace`."""
+    :func:`os.replace`.
+
+    protoc runs in a child process: its compiler library, loaded into a process that has imported
+    ``horovod.tensorflow`` (every rank, by the time a coordinator service starts), crashed it with a segmentation
+    fault, on every rank at once."""
     proto = PROTO_DIR / f"{service}.proto"
     if not proto.exists():
         raise FileNotFoundError(f"{proto} not found and the generated gRPC modules are missing")
-    try:
-        import grpc_tools
-        from grpc_tools import protoc
-    except ImportError as exc:  # pragma: no cover - environment problem
-        raise ImportError("grpcio-tools is needed to generate the coordinator's gRPC code") from exc
+    spec = importlib.util.find_spec("grpc_tools")
+    if spec is None or not spec.submodule_search_locations:  # pragma: no cover - environment problem
+        raise ImportError("grpcio-tools is needed to generate the coordinator's gRPC code")
 
-    well_known = Path(grpc_tools.__file__).resolve().parent / "_proto"
+    well_known = Path(next(iter(spec.submodule_search_locations))).resolve() / "_proto"
     folder = _HERE / service
     with tempfile.TemporaryDirectory(prefix="hetsync-proto-", dir=str(folder)) as tmp:
-        args = ["grpc_tools.protoc", f"-I{PROTO_DIR}", f"-I{well_known}", f"--python_out={tmp}",
-                f"--grpc_python_out={tmp}", str(proto)]
-        rc = protoc.main(args)
-        if rc != 0:
-            raise RuntimeError(f"grpc_tools.protoc failed with exit code {rc}: {' '.join(args)}")
+        args = [sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTO_DIR}", f"-I{well_known}",
+                f"--python_out={tmp}", f"--grpc_python_out={tmp}", str(proto)]
+        done = subprocess.run(args, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"grpc_tools.protoc failed with exit code {done.returncode}: {' '.join(args)}\n"
+                               f"{done.stderr.strip()}")
         grpc_path = Path(tmp) / f"{service}_pb2_grpc.py"
         text = grpc_path.read_text()
         # protoc emits an absolute "import <service>_pb2 as ..."; make it package-relative.
