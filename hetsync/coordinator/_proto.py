@@ -12,7 +12,6 @@ This module imports nothing from hetsync and can also be run as a script
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 import re
 import subprocess
@@ -61,11 +60,12 @@ def _generate(service: str) -> None:
     proto = PROTO_DIR / f"{service}.proto"
     if not proto.exists():
         raise FileNotFoundError(f"{proto} not found and the generated gRPC modules are missing")
-    spec = importlib.util.find_spec("grpc_tools")
-    if spec is None or not spec.submodule_search_locations:  # pragma: no cover - environment problem
-        raise ImportError("grpcio-tools is needed to generate the coordinator's gRPC code")
+    try:
+        import grpc_tools  # the package alone (its __init__ is empty); protoc itself runs in the child
+    except ImportError as exc:  # pragma: no cover - environment problem
+        raise ImportError("grpcio-tools is needed to generate the coordinator's gRPC code") from exc
 
-    well_known = Path(next(iter(spec.submodule_search_locations))).resolve() / "_proto"
+    well_known = Path(grpc_tools.__file__).resolve().parent / "_proto"
     folder = _HERE / service
     with tempfile.TemporaryDirectory(prefix="hetsync-proto-", dir=str(folder)) as tmp:
         args = [sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTO_DIR}", f"-I{well_known}",
