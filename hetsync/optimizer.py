@@ -39,9 +39,9 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         between ``candidates`` as the job's heterogeneity changes (README "sync='auto'").
       **options: the mode's options (docs/options.md, ``python -m hetsync.docs``); unknown ones raise ValueError
         listing the valid ones and the closest ("did you mean").  ``sync`` names may use underscores.  With
-        ``sync="auto"``: ``candidates`` ({"homogeneous"|"straggler"|"random": mode or (mode, options)}),
-        ``window`` (seconds of samples the policy looks at), ``min_interval`` (seconds between switches), the
-        policy's thresholds, ``start`` (the class auto trains in until it has evidence, "straggler"),
+        ``sync="auto"``: ``candidates`` ({"homogeneous"|"straggler"|"random"|"throttled": mode or (mode,
+        options)}), ``window`` (seconds of samples the policy looks at), ``min_interval`` (seconds between
+        switches), the policy's thresholds, ``start`` (the class auto trains in until it has evidence, "straggler"),
         ``report_every`` (steps between a rank's reports to the Switch Board, 8) and ``pretrace`` (False: a
         candidate's train step is traced at the first switch into it; True: every candidate's after the first step,
         which a throttled node pays at the start whether or not auto ever switches).

@@ -101,7 +101,12 @@ class RankState:
     def split_wanted(self):
         """Someone reads each step's compute apart from its waiting: sync="auto" (the Switch Board's samples) or a
         heterogeneity report."""
-        return self.report is not None or (self.family is not None and self.family.auto is not None)
+        return self.report is not None or self.auto_wanted
+
+    @property
+    def auto_wanted(self):
+        """sync="auto"'s policy gets this rank's samples."""
+        return self.family is not None and self.family.auto is not None
 
     @property
     def stepping(self):
@@ -132,6 +137,7 @@ class RankState:
         """Every rank leaves fit at the same step, so this round is global too: idle ranks rejoin here."""
         self.life.end(lambda: self.sync_point(final=True))
         _PROCESS["last_rounds"] = self.rounds
+        self.clock.close()
 
     # -- one Keras step -----------------------------------------------------------------------------------------
     def keras_step(self, fn, iterator):
@@ -189,12 +195,14 @@ class RankState:
 
     def _timed(self, run, rounds):
         self.life.step_begins()
+        starved_from = self.clock.run_delay() if self.auto_wanted else None  # sync="auto" tells starved from slow
         wall, began = time.time(), time.monotonic()
         try:
             logs = run()
         finally:
             self.life.step_ends()
-        self.clock.step(self.algorithm, wall, began, time.monotonic(), rounds, split=self.split_wanted)
+        self.clock.step(self.algorithm, wall, began, time.monotonic(), rounds, split=self.split_wanted,
+                        delay_start=starved_from)
         self.steps_since_sync += 1
         return logs
 

@@ -6,8 +6,14 @@ graph (SyncAlgorithm.mark_compute_done) just before its exchange; ESync reports 
 itself, one sample per local iteration.  The rest of the step is *waiting in hetsync* (the exchange: Horovod's
 allreduce, a P-Reduce, a queue Recv...), and so is the time in sync points and switches.  A mode that does not
 stamp counts its whole step as compute.
+
+For sync="auto" each sample also carries the step's *run-delay* per iteration (run_delay.py): seconds this rank's
+threads were runnable but not running, which tells a CPU-starved slow step (a quota, a shared node) from one that
+waited off the CPU (a slower device).  It is read at the step's start and end only when auto asks for it.
 """
 import time
+
+from hetsync.training.run_delay import RunDelayMeter
 
 WARMUP_STEPS = 2  # steps after a mode starts whose samples the policy does not get (see StepClock.warm_up)
 
@@ -16,7 +22,8 @@ class StepClock:
     """Per-rank accumulators since the last ``take()``, and the samples the Switch Board has not had yet."""
 
     def __init__(self):
-        self.samples = []       # (time.monotonic(), compute seconds per iteration)
+        self.samples = []       # (time.monotonic(), compute s per iteration, run-delay s per iteration or None)
+        self.meter = None       # RunDelayMeter, made at the first run_delay()
         self._reset()
         self.total_steps = 0
         self.warmup = 0         # steps left whose samples are dropped
@@ -33,11 +40,24 @@ class StepClock:
         self.steps = self.iterations = 0
         self.compute_s = self.step_s = self.sync_s = 0.0
 
-    def step(self, algorithm, wall_start, mono_start, mono_end, local_iterations, split=True):
+    def run_delay(self):
+        """This rank's run-delay seconds so far (cumulative; None where the kernel does not say)."""
+        if self.meter is None:
+            self.meter = RunDelayMeter()
+        return self.meter.read()
+
+    def close(self):
+        if self.meter is not None:
+            self.meter.close()
+
+    def step(self, algorithm, wall_start, mono_start, mono_end, local_iterations, split=True, delay_start=None):
         """One train step that ran ``[mono_start, mono_end]`` (``wall_start``: the same instant, time.time()).
         ``split=False``: nobody reads compute apart from waiting in this fit (no sync="auto", no report), so the
-        mode's stamp is not read: reading it is an eager op per step, about a quarter of a millisecond on a core."""
+        mode's stamp is not read: reading it is an eager op per step, about a quarter of a millisecond on a core.
+        ``delay_start``: ``run_delay()`` at the step's start (None: the samples carry no run-delay)."""
         elapsed = mono_end - mono_start
+        delay_end = self.run_delay() if delay_start is not None else None
+        starved = max(delay_end - delay_start, 0.0) if delay_end is not None else None
         each = None
         timing = algorithm.last_round_timing() if local_iterations else None
         if timing is not None:
@@ -55,10 +75,13 @@ class StepClock:
         if self.warmup > 0:
             self.warmup -= 1
         elif each and len(each) == iterations:  # one sample per local iteration (ESync), scaled as compute was
-            scale = compute / sum(each) if sum(each) > 0 else 0.0
-            self.samples.extend((mono_end, c * scale) for c in each)
+            total = sum(each)
+            scale = compute / total if total > 0 else 0.0
+            share = [c / total if total > 0 else 1.0 / iterations for c in each]  # run-delay shared as compute is
+            self.samples.extend((mono_end, c * scale, None if starved is None else starved * f)
+                                for c, f in zip(each, share))
         elif iterations:
-            self.samples.append((mono_end, compute / iterations))
+            self.samples.append((mono_end, compute / iterations, None if starved is None else starved / iterations))
         del self.samples[:-256]
 
     def sync(self, seconds):

@@ -20,26 +20,32 @@ dilute one slow iteration among a fast rank's many, and random slowdowns were re
   included, so its compute samples can look like everyone's while it takes a fraction of the others' steps; in a
   lockstep mode every rank has the same period and the compute samples decide alone.
 * **random**: no straggler, but at least ``random_fraction`` (6%) of all samples are >= ``slow_sample_ratio`` x
-  typical (2.5): slowdowns come and go, on any rank.
-* **homogeneous**: neither.
+  typical (2.5): slowdowns come and go, on any rank, and they leave the CPU alone (a GPU shared with another job,
+  variable input lengths).
+* **throttled**: the same random slowdowns, but CPU-starved: in at least ``starved_share`` (50%) of the slow samples
+  the rank's *run-delay* (seconds its threads were runnable but not running: CFS throttling by a CPU quota, other
+  jobs on the node; hetsync/training/run_delay.py) covers half the sample's excess over typical or more.  A sleep
+  or a device wait adds no run-delay.  Samples without run-delay (not measured) count for neither, and with none
+  measured the slowdowns are "random", as the papers read them.
+* **homogeneous**: none of these.
 
 **Hysteresis**: the class in force (from the start, the class whose candidate auto started in) is left only when
-its own test fails by a margin -- a straggler stays one while m_r >= ``straggler_exit`` x typical (1.25), random
-stays while the slow fraction >= ``random_exit`` (3%) -- and a new class must be seen in every evaluation for
-``settle`` seconds (2) before it is acted on; switches are at least ``min_interval`` seconds apart (10).
-Evaluations run at most every 0.25 s; each change of the class seen is logged (DEBUG, "hetsync.switching.auto", on
-rank 0) with its evidence.
+its own test fails by a margin -- a straggler stays one while m_r >= ``straggler_exit`` x typical (1.25), random or
+throttled slowdowns stay while the slow fraction >= ``random_exit`` (3%), and between random and throttled the
+share of CPU-starved slow samples must pass ``starved_share`` by 0.15 -- and a new class must be seen in every
+evaluation for ``settle`` seconds (2) before it is acted on; switches are at least ``min_interval`` seconds apart
+(10).  Evaluations run at most every 0.25 s; each change of the class seen is logged (DEBUG,
+"hetsync.switching.auto", on rank 0) with its evidence.
 
 **Modes** (``candidates``): homogeneous -> "allreduce" (nothing to hide, nothing beats Horovod), straggler ->
 "ripples-smart" (the fast ranks P-Reduce among themselves while the slow one computes: the highest median speedup
 against plain Horovod in both stored CPU-quota straggler scenarios, docs/benchmarks.md; "esync", the default
-before, trained 1.2x and 2.1x longer than it there, medians of runs 1-3), random -> "ripples-smart" too.  A CPU quota
-(a throttled or shared node) freezes a rank for part of every scheduler period, and its compute samples then look
-like random slowdowns on every rank; "eager-solo", the paper's answer to random slowdowns and the default before,
-waits in each round for the throttled ranks' progress threads, and at speeds 1:2:3:5 a run that switched to it
-trained 1.69x longer than ripples-smart in the same repeat.  ``candidates={"random": "eager-solo"}`` brings it back
-for slowdowns that leave the CPU alone (a GPU shared with another job, variable input lengths).  Each value is a
-mode name or ``(mode, options)``.
+before, trained 1.2x and 2.1x longer than it there, medians of runs 1-3), random -> "eager-solo" (eager-SGD's solo
+partial allreduce, the paper's answer: the fastest fixed mode with random slow GPU steps), throttled ->
+"ripples-smart".  A CPU quota (a throttled or shared node) freezes a rank for part of every scheduler period, and
+its compute samples then look like random slowdowns on every rank; "eager-solo" waits in each round for the
+throttled ranks' progress threads, and at speeds 1:2:3:5 a run that switched to it trained 1.69x longer than
+ripples-smart in the same repeat.  Each value is a mode name or ``(mode, options)``.
 
 **Start** (``start``, a class, default "straggler"): auto trains in that class's candidate until the policy has
 seen enough to decide.  Starting in the straggler mode loses nothing while the job is measured when one rank is
@@ -52,8 +58,11 @@ import statistics
 
 from hetsync.algorithms.options import Option, check_all, defaults, did_you_mean
 
-CLASSES = ("homogeneous", "straggler", "random")
-DEFAULT_CANDIDATES = {"homogeneous": "allreduce", "straggler": "ripples-smart", "random": "ripples-smart"}
+CLASSES = ("homogeneous", "straggler", "random", "throttled")
+DEFAULT_CANDIDATES = {"homogeneous": "allreduce", "straggler": "ripples-smart", "random": "eager-solo",
+                      "throttled": "ripples-smart"}
+STARVED_PART = 0.5       # a slow iteration is CPU-starved when run-delay covers this part of its excess or more
+THROTTLED_MARGIN = 0.15  # hysteresis of starved_share between "random" and "throttled"
 SETTINGS = {
     "window": Option(10.0, "number", minimum=0, above=True, doc="seconds of samples the policy looks at"),
     "min_interval": Option(10.0, "number", minimum=0, doc="seconds between two switches"),
@@ -64,6 +73,8 @@ SETTINGS = {
     "random_fraction": Option(0.06, "number", minimum=0, maximum=1, doc="share of slow samples that is random"),
     "random_exit": Option(0.03, "number", minimum=0, maximum=1, doc="share of slow samples below which it ends"),
     "slow_sample_ratio": Option(2.5, "number", minimum=1, doc="sample / typical that makes a sample slow"),
+    "starved_share": Option(0.5, "number", minimum=0, maximum=1,
+                            doc="share of CPU-starved slow samples that makes random slowdowns throttled"),
 }
 DEFAULTS = defaults(SETTINGS)
 EVALUATE_EVERY_S = 0.25
@@ -101,16 +112,18 @@ class AutoPolicy:
         self.size = int(size)
         self.candidates = normalize_candidates(candidates)
         self.s = check_all("sync='auto'", SETTINGS, settings)
-        self.samples = [[] for _ in range(self.size)]   # per rank: (time, compute seconds per iteration)
+        self.samples = [[] for _ in range(self.size)]   # per rank: (time, compute s, run-delay s or None) per iteration
         self.state = None          # the class in force (from the first evaluation: the class of the mode in force)
         self.seen = None           # (class, since): the class every evaluation has returned since ``since``
         self.last_switch = None    # time of the last switch
         self.last_evaluation = None
         self.last = None           # (class, evidence) of the last evaluation, for reports
 
-    def add(self, rank, t, compute_s):
+    def add(self, rank, t, compute_s, starved_s=None):
+        """One iteration of ``rank`` at ``t``: its compute and its run-delay (None: not measured)."""
         if 0 <= rank < self.size and compute_s >= 0:
-            self.samples[rank].append((float(t), float(compute_s)))
+            starved = float(starved_s) if starved_s is not None and starved_s >= 0 else None
+            self.samples[rank].append((float(t), float(compute_s), starved))
 
     def _trim(self, now):
         horizon = now - self.s["window"]
@@ -127,7 +140,7 @@ class AutoPolicy:
         active = [r for r, n in enumerate(counts) if n > 0]
         if len(active) < 2 or min(counts[r] for r in active) < self.s["min_samples"]:
             return None, f"too few samples (per rank {counts}, need {self.s['min_samples']})"
-        medians = {r: statistics.median(c for _, c in self.samples[r]) for r in active}
+        medians = {r: statistics.median(c for _, c, _ in self.samples[r]) for r in active}
         typical = statistics.median(medians.values())
         if typical <= 0:
             return None, "no compute time measured"
@@ -144,12 +157,28 @@ class AutoPolicy:
                 parts = ", ".join(f"rank {r} {periods[r] * 1e3:.1f} ms ({periods[r] / usual:.1f}x)" for r in slow)
                 return "straggler", f"step period {parts} vs typical {usual * 1e3:.1f} ms"
         threshold = self.s["slow_sample_ratio"] * typical
-        pooled = [c for r in active for _, c in self.samples[r]]
-        fraction = sum(c >= threshold for c in pooled) / len(pooled)
-        needed = self.s["random_exit"] if self.state == "random" else self.s["random_fraction"]
+        pooled = [(c, s) for r in active for _, c, s in self.samples[r]]
+        slow = [(c, s) for c, s in pooled if c >= threshold]
+        fraction = len(slow) / len(pooled)
+        needed = self.s["random_exit"] if self.state in ("random", "throttled") else self.s["random_fraction"]
         detail = (f"{fraction:.0%} of {len(pooled)} iterations >= {self.s['slow_sample_ratio']:g}x typical "
                   f"{typical * 1e3:.1f} ms; slowest rank median {max(medians.values()) / typical:.2f}x")
-        return ("random" if fraction >= needed else "homogeneous"), detail
+        if fraction < needed:
+            return "homogeneous", detail
+        return self._starved_or_not(slow, typical, detail)
+
+    def _starved_or_not(self, slow, typical, detail):
+        """Random slowdowns: "throttled" when most slow iterations lost their time waiting for a CPU (run-delay
+        covers half their excess over typical or more), else "random".  Samples without run-delay (not measured)
+        count for neither; with none measured the slowdowns are "random", the papers' reading."""
+        known = [(c, s) for c, s in slow if s is not None]
+        if not known:
+            return "random", detail + "; run-delay not measured"
+        share = sum(s >= STARVED_PART * (c - typical) for c, s in known) / len(known)
+        margin = {"random": THROTTLED_MARGIN, "throttled": -THROTTLED_MARGIN}.get(self.state, 0.0)
+        cut = min(max(self.s["starved_share"] + margin, 0.0), 1.0)
+        detail += f"; {share:.0%} of {len(known)} slow iterations CPU-starved (run-delay)"
+        return ("throttled" if share >= cut else "random"), detail
 
     def _periods(self, active):
         """{rank: seconds between its steps} over the window, from each rank's own sample times (differences of
@@ -159,7 +188,7 @@ class AutoPolicy:
         leave the decision to the compute samples."""
         out = {}
         for r in active:
-            times = [t for t, _ in self.samples[r]]
+            times = [t for t, _, _ in self.samples[r]]
             if len(times) >= self.s["min_samples"] and times[-1] > times[0]:
                 out[r] = (times[-1] - times[0]) / (len(times) - 1)
         return out if len(out) >= 2 else {}
