@@ -23,7 +23,9 @@ def test_esync_bad_options_raise_value_error_naming_them(options, needle):
 @pytest.mark.parametrize("options, needle", [
     ({"warmup_steps": -1}, "option warmup_steps=-1 (int) is invalid: expected an int >= 0"),
     ({"warmup_steps": 1.5}, "option warmup_steps=1.5 (float) is invalid: expected an int >= 0"),
-    ({"local_updater": "adam"}, "option local_updater='adam' (str) is invalid: expected 'sgd' or 'dc-asgd-c' or 'dc-asgd-a'"),
+    ({"local_updater": "adam"}, "option local_updater='adam' (str) is invalid: expected 'sgd' or 'dc-asgd-c' or 'dc-asgd-a' or 'optimizer'"),
+    ({"local_updater": "optimizer", "local_lr": 0.1}, "local_lr set with local_updater='optimizer'"),
+    ({"local_updater": "optimizer", "dc_lambda": 0.1}, "dc_lambda set with local_updater='optimizer'"),
     ({"local_lr": 0}, "option local_lr=0 (int) is invalid: expected a number > 0 or None"),
     ({"dc_lambda": -0.1}, "option dc_lambda=-0.1 (float) is invalid: expected a number >= 0"),
     ({"mean_square_decay": 1.0}, "option mean_square_decay=1.0 (float) is invalid: expected a number >= 0 and < 1"),

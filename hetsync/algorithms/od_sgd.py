@@ -21,6 +21,11 @@ variables).  Three stages, by ``optimizer.iterations`` (which counts global upda
      MeanSquare_t = m·MeanSquare_{t-1} + (1-m)·g_t².  η = ``local_lr`` (default: the optimizer's current
      learning rate), λ = ``dc_lambda`` (default: the value OD-SGD §4.3 uses for that updater, 0.04 for
      DC-ASGD-c and 0.95 for DC-ASGD-a), m = ``mean_square_decay``.
+     ``"optimizer"`` (ours): the user's optimizer's own step from W_t with g_t, its state (slots, iterations) read
+     and left as it was.  The local updater is there to put L_{t+1} where W_{t+1} will be, so that g_{t+1} is
+     computed near it.  The paper's updaters take an SGD step, which is where an SGD global updater goes; an
+     Adam step goes elsewhere (per coordinate about lr, whatever the gradient's size), and with the benchmark's
+     Adam at 8 ranks the one-step delay then lost accuracy after the warm-up (docs/modes/od-sgd.md).
 
 Choices where the paper is silent (README, "OD-SGD"):
 
@@ -40,8 +45,15 @@ from hetsync.algorithms._wrap import build_slots, update_result
 from hetsync.algorithms.base import SyncAlgorithm
 from hetsync.algorithms.options import Option, TIMEOUT
 
-LOCAL_UPDATERS = ("sgd", "dc-asgd-c", "dc-asgd-a")
+LOCAL_UPDATERS = ("sgd", "dc-asgd-c", "dc-asgd-a", "optimizer")
 PAPER_DC_LAMBDA = {"dc-asgd-c": 0.04, "dc-asgd-a": 0.95}  # §4.3 (CIFAR-10): each updater's recommended λ
+
+
+def optimizer_state(optimizer):
+    """Every variable of a Keras optimizer (``iterations``, slots), whether ``variables`` is a property (Keras 2.11+)
+    or a method (the legacy optimizers)."""
+    state = optimizer.variables
+    return list(state() if callable(state) else state)
 
 
 @register
@@ -52,7 +64,8 @@ class ODSGD(IdleContribution, SyncAlgorithm):
     OPTIONS = {
         "warmup_steps": Option(100, "int", minimum=0, doc="steps of plain allreduce before the one-step delay",
                                paper="OD-SGD §4.6"),
-        "local_updater": Option("sgd", choices=LOCAL_UPDATERS, doc="the local updater (§3.3)", paper="OD-SGD §3.3"),
+        "local_updater": Option("sgd", choices=LOCAL_UPDATERS, doc="the local updater (§3.3; \"optimizer\": the "
+                                "user's optimizer's own step, its state unchanged)", paper="OD-SGD §3.3"),
         "local_lr": Option(None, "number", minimum=0, above=True, none=True,
                            doc="the local updater's learning rate η (None: the optimizer's current one)",
                            paper="OD-SGD §3.3"),
@@ -136,6 +149,14 @@ class ODSGD(IdleContribution, SyncAlgorithm):
         wrapped.apply_gradients = types.MethodType(apply_gradients, wrapped)
         marks.record(wrapped, algorithm=self)
         return loss_scaled(wrapped)
+
+    def validate(self):
+        if self.options["local_updater"] == "optimizer":
+            extra = [k for k in ("local_lr", "dc_lambda") if self.options[k] is not None]
+            if extra:
+                raise ValueError(f"sync='od-sgd': {', '.join(extra)} set with local_updater='optimizer', which takes "
+                                 "the optimizer's own step (its learning rate, no DC-ASGD term); drop them or choose "
+                                 "'sgd', 'dc-asgd-c' or 'dc-asgd-a'")
 
     def in_warmup(self):
         """``iterations < warmup_steps``, rounded up to whole updates: with ``backward_passes_per_step`` N Horovod's
@@ -225,10 +246,24 @@ class ODSGD(IdleContribution, SyncAlgorithm):
             handle = ops.allreduce_start(wire, timeout=self.options["timeout"])
             started = [self.handle.assign(handle), self.pending.assign(True)]
         with tf.control_dependencies(started):
-            steps = [v.assign(self._local(v, g, self._w[v.ref()].read_value(), l))
-                     for v, g, l in zip(variables, grads, local)]
+            if self.options["local_updater"] == "optimizer":
+                steps = self._optimizer_step(grads, variables)
+            else:
+                steps = [v.assign(self._local(v, g, self._w[v.ref()].read_value(), l))
+                         for v, g, l in zip(variables, grads, local)]
         with tf.control_dependencies(steps):
             return tf.constant(True)
+
+    def _optimizer_step(self, grads, variables):
+        """Local updater "optimizer": the model (W_t now) takes the user's optimizer's step with this rank's g_t,
+        and the optimizer's state is put back: the global update stays the only one that moves slots and
+        ``iterations``, identical on every rank."""
+        state = optimizer_state(self.optimizer)
+        saved = [tf.identity(s.read_value()) for s in state]
+        with tf.control_dependencies(saved):
+            self.cls.apply_gradients(self.optimizer, list(zip(grads, variables)))
+        with tf.control_dependencies([v.read_value() for v in variables]):
+            return [s.assign(x) for s, x in zip(state, saved)]
 
     def _learning_rate(self):
         if self.options["local_lr"] is not None:

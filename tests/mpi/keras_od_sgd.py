@@ -1,7 +1,8 @@
 """Run under horovodrun -np 3: ``sync="od-sgd"`` (OD-SGD §3, §3.3, §4.6).
 
 1. The warm-up is Horovod's DistributedOptimizer bit for bit (same model, data and optimizer, Keras fit).
-2. Numpy replay, for each local updater (sgd, dc-asgd-c eq. 4, dc-asgd-a eqs. 5-6), of a custom loop
+2. Numpy replay, for each local updater (sgd, dc-asgd-c eq. 4, dc-asgd-a eqs. 5-6, and ours, "optimizer": the
+   user's optimizer's own step from W_t, its velocity read and not changed), of a custom loop
    (``optimizer.minimize`` with a tape) on a quadratic loss whose gradient depends on where it is computed:
    after every step the model is L_{t+1} = local(W_t, g_t, L_t) and W (identical on every rank, bit for bit) is the
    user's optimizer (SGD with momentum) replayed on the mean gradients one step late.
@@ -71,7 +72,7 @@ def check_replay(kind, rank, size, warmup=2, steps=8, local_lr=None):
     """Quadratic loss 0.5·|v - target_r|²·3: g_r = 3 (L_r - target_r), so every rank's trajectory is known.
     dc-asgd-a runs with the default λ, which must be OD-SGD §4.3's 0.95 for DC-ASGD-a (0.04 is DC-ASGD-c's)."""
     v = tf.Variable(np.full(6, 0.5, np.float32))
-    explicit = {} if kind == "dc-asgd-a" else {"dc_lambda": 0.5}
+    explicit = {} if kind in ("dc-asgd-a", "optimizer") else {"dc_lambda": 0.5}
     opt = hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(LR, momentum=MOMENTUM), sync="od-sgd",
                                        warmup_steps=warmup, local_updater=kind, local_lr=local_lr, **explicit)
     algo = hetsync.marks.algorithm_of(opt)
@@ -101,7 +102,10 @@ def check_replay(kind, rank, size, warmup=2, steps=8, local_lr=None):
                 W = sgd(W, prev_mean)
             prev_mean = g.mean(axis=0)
             for r in range(size):
-                L[r], ms[r] = local_np(kind, W, g[r], L[r], eta, lam, ms[r])
+                if kind == "optimizer":  # SGD with momentum's step from W_t with the current velocity, kept
+                    L[r] = W + (MOMENTUM * vel - LR * g[r])
+                else:
+                    L[r], ms[r] = local_np(kind, W, g[r], L[r], eta, lam, ms[r])
         np.testing.assert_allclose(v.numpy(), L[rank], rtol=2e-5, atol=2e-6, err_msg=f"{kind} step {t}: model")
         if t >= warmup:
             w_here = algo._w[v.ref()].numpy()
@@ -112,6 +116,8 @@ def check_replay(kind, rank, size, warmup=2, steps=8, local_lr=None):
     W = sgd(W, prev_mean)
     np.testing.assert_allclose(v.numpy(), W, rtol=2e-5, atol=2e-6, err_msg=f"{kind}: model after flush")
     assert int(algo.global_updates.numpy()) == steps
+    # the local steps left the optimizer's state alone: only the warm-up and the global updates counted
+    assert int(algo.optimizer.iterations.numpy()) == warmup + steps, (kind, int(algo.optimizer.iterations.numpy()))
 
 
 class StepTimes(tf.keras.callbacks.Callback):
@@ -236,7 +242,7 @@ def main():
     hetsync.init()
     rank, size = hvd.rank(), hvd.size()
     check_warmup_is_horovod(rank, size)
-    for kind, lr in (("sgd", None), ("dc-asgd-c", 0.05), ("dc-asgd-a", None)):
+    for kind, lr in (("sgd", None), ("dc-asgd-c", 0.05), ("dc-asgd-a", None), ("optimizer", None)):
         check_replay(kind, rank, size, local_lr=lr)
     check_fit_overlaps(rank, size)
     check_backward_passes(rank, size)
