@@ -51,21 +51,21 @@ def _step(clock, work):
     began = time.monotonic()
     work(STEP_S)
     clock.step(None, time.time(), began, time.monotonic(), False, split=False, delay_start=start)
-    (_, compute, starved), = clock.take_samples()
-    return compute, starved
+    (_, compute, rate), = clock.take_samples()
+    return compute, rate
 
 
 def test_a_cpu_starved_step_shows_run_delay_and_a_sleeping_one_does_not(starved_cpu):
     """Both steps last as long; only the busy one, sharing its CPU with two busy processes, was runnable without
-    running (expected two thirds of it).  The sleeping step, as long, must show almost none: were run-delay
-    wall time, or CPU time, the two would not be told apart."""
+    running (expected two thirds of it: a rate of 0.67 s per second).  The sleeping step, as long, must show almost
+    none: were run-delay wall time, or CPU time, the two would not be told apart."""
     clock = StepClock()
-    busy_compute, busy_starved = _step(clock, _busy)
-    sleep_compute, sleep_starved = _step(clock, time.sleep)
+    busy_compute, busy_rate = _step(clock, _busy)
+    sleep_compute, sleep_rate = _step(clock, time.sleep)
     clock.close()
     assert busy_compute >= STEP_S and sleep_compute >= STEP_S
-    assert busy_starved >= 0.3 * STEP_S, (busy_starved, sleep_starved)
-    assert sleep_starved <= 0.05 * STEP_S and sleep_starved < busy_starved / 5, (busy_starved, sleep_starved)
+    assert busy_rate >= 0.3, (busy_rate, sleep_rate)
+    assert sleep_rate <= 0.05 and sleep_rate < busy_rate / 5, (busy_rate, sleep_rate)
 
 
 def test_threads_that_end_take_nothing_away(starved_cpu):

@@ -126,16 +126,16 @@ def test_position_going_back_and_bad_rank_are_rejected():
 
 
 # -- the policy ------------------------------------------------------------------------------------------------
-def feed(policy, n, seconds, sample, start=0.0, dt=0.05, starved=None):
-    """Every rank reports one sample per ``dt`` (with run-delay ``starved(r, t, compute)`` when given); returns the
-    first proposal (or None) and the time."""
+def feed(policy, n, seconds, sample, start=0.0, dt=0.05, run_delay=None):
+    """Every rank reports one sample per ``dt`` (with the run-delay rate ``run_delay(r, t, compute)`` when given);
+    returns the first proposal (or None) and the time."""
     t = start
     proposal = None
     while t < start + seconds:
         for r in range(n):
             value = sample(r, t)
             if value is not None:
-                policy.add(r, t, value, starved(r, t, value) if starved else None)
+                policy.add(r, t, value, run_delay(r, t, value) if run_delay else None)
         proposal = proposal or policy.evaluate(t, policy.current_mode)
         if proposal is not None:
             return proposal, t
@@ -219,25 +219,25 @@ def test_random_slowdowns_switch_to_the_random_mode(n, seed):
 
 
 @settings(max_examples=30, deadline=None)
-@given(n=st.integers(4, 8), seed=st.integers(0, 1000), part=st.floats(0.6, 1.5), noise=st.floats(0.0, 0.004))
-def test_random_slowdowns_that_starve_the_cpu_are_throttled_and_keep_ripples_smart(n, seed, part, noise):
-    """The same random 6x slow iterations, two causes.  When run-delay (runnable, not running: a CPU quota's
-    throttling) covers most of a slow iteration's excess, the class is "throttled" and its candidate is
-    ripples-smart, the mode auto starts in: no switch.  When the slow iterations add no run-delay (a slower device:
-    the rank slept), they are "random" and auto moves to eager-solo.  Every iteration also carries a little
-    run-delay of its own (``noise``), as every rank under a quota has.  Reading the compute samples alone sends
-    both to the same mode: one of the two wrong."""
+@given(n=st.integers(4, 8), seed=st.integers(0, 1000), extra=st.floats(0.4, 1.5), usual=st.floats(0.0, 2.0))
+def test_random_slowdowns_that_starve_the_cpu_are_throttled_and_keep_ripples_smart(n, seed, extra, usual):
+    """The same random 6x slow iterations, two causes.  When the slow steps were runnable without running for longer
+    than usual (a CPU quota's throttling: run-delay per second ``extra`` above the rank's ``usual`` rate), the class
+    is "throttled" and its candidate is ripples-smart, the mode auto starts in: no switch.  When they accrue
+    run-delay at the usual rate (a slower device: the rank slept while its polling threads waited as always), they
+    are "random" and auto moves to eager-solo.  ``usual`` reaches 2 s per second, as on a rank under a quota whose
+    two polling threads are always runnable: reading run-delay without the rank's usual rate sends such a rank's
+    slow device steps, which last longer and so accrue more, to "throttled"."""
     found = {}
     for cpu_starved in (True, False):
         rng = random.Random(seed)
         policy = make(n, candidates=None)
         policy.current_mode = STRAGGLER_MODE
 
-        def starved(r, t, compute):
-            excess = max(compute - 0.02, 0.0)
-            return rng.uniform(0, noise) + (part * excess if cpu_starved else 0.0)
+        def run_delay(r, t, compute):
+            return usual * rng.uniform(0.9, 1.1) + (extra if cpu_starved and compute > 0.05 else 0.0)
 
-        found[cpu_starved] = feed(policy, n, 15.0, _one_slow_rank_at_a_time(n, rng), starved=starved)[0]
+        found[cpu_starved] = feed(policy, n, 15.0, _one_slow_rank_at_a_time(n, rng), run_delay=run_delay)[0]
         assert policy.last[0] == ("throttled" if cpu_starved else "random"), policy.last
     assert found[True] is None, found
     assert found[False] is not None and found[False][0] == DEFAULT_CANDIDATES["random"] == "eager-solo", found
@@ -247,16 +247,16 @@ def test_random_and_throttled_hold_by_a_margin_and_unmeasured_run_delay_reads_ra
     """Between random and throttled the share of CPU-starved slow iterations must pass ``starved_share`` (0.5)
     by 0.15: at 60% starved a job in force in random stays there, a fresh one reads throttled.  Slow iterations
     without run-delay (a kernel that does not say) count for neither: all unmeasured is random."""
-    def filled(starved):
+    def filled(run_delay):
         policy, sample, k = make(4, candidates=None), _one_slow_rank_at_a_time(4, random.Random(3)), 0
         for step in range(120):  # 6 s of reports, every 0.05 s
             for r in range(4):
                 c = sample(r, step * 0.05)
                 k += c > 0.05
-                policy.add(r, step * 0.05, c, starved(c, k))
+                policy.add(r, step * 0.05, c, run_delay(c, k))
         return policy
 
-    margin = filled(lambda c, k: c if c > 0.05 and k % 5 < 3 else 0.0)  # 3 of every 5 slow iterations starved
+    margin = filled(lambda c, k: 1.0 if c > 0.05 and k % 5 < 3 else 0.0)  # 3 of every 5 slow iterations starved
     for in_force, expected in (("random", "random"), (None, "throttled"), ("throttled", "throttled")):
         margin.state = in_force
         cls, evidence = margin.classify(6.0)
@@ -371,8 +371,8 @@ def test_esync_rounds_give_a_sample_per_local_iteration(n, seed):
                 slow = [k == slow.index(True) for k in range(4)] if any(slow) else slow  # one per round at most
                 each = [0.02 * (6 if s else 1) for s in slow]
                 clock.step(_ESyncRound(each, per_iteration), t, t, t + sum(each), local_iterations=True)
-                for when, value, starved in clock.take_samples():
-                    policy.add(r, when, value, starved)
+                for when, value, run_delay in clock.take_samples():
+                    policy.add(r, when, value, run_delay)
             t += 0.1
             proposal = policy.evaluate(t, policy.current_mode)
         found[per_iteration] = proposal
@@ -386,8 +386,8 @@ class _Recorder:
     def __init__(self):
         self.added = []
 
-    def add(self, rank, t, compute_s, starved_s):
-        self.added.append((rank, t, compute_s, starved_s))
+    def add(self, rank, t, compute_s, run_delay):
+        self.added.append((rank, t, compute_s, run_delay))
 
     def evaluate(self, now, current_mode):
         return None
@@ -411,9 +411,9 @@ def test_sample_times_travel_as_ages_and_land_on_the_boards_clock():
     owner.switchboard.current = ("allreduce", "{}")
     for worker, worker_clock in ((0, 10.0), (1, 1010.0)):
         taken = worker_clock - 0.5
-        starved = {"sample_starved_s": [0.01]} if worker == 1 else {}  # rank 0: a report without run-delay
+        starved = {"sample_run_delay": [0.5]} if worker == 1 else {}  # rank 0: a report without run-delay
         msg = pb2.SwitchReportMsg(secret="s3cret", worker=worker, position=1, applied=0, mode="allreduce",
                                   options_json="{}", sample_age_s=[worker_clock - taken], sample_compute_s=[0.02],
                                   **starved)
         service.SwitchReport(msg, None)
-    assert recorder.added == [(0, 4999.5, 0.02, None), (1, 4999.5, 0.02, 0.01)]
+    assert recorder.added == [(0, 4999.5, 0.02, None), (1, 4999.5, 0.02, 0.5)]

@@ -7,9 +7,10 @@ itself, one sample per local iteration.  The rest of the step is *waiting in het
 allreduce, a P-Reduce, a queue Recv...), and so is the time in sync points and switches.  A mode that does not
 stamp counts its whole step as compute.
 
-For sync="auto" each sample also carries the step's *run-delay* per iteration (run_delay.py): seconds this rank's
-threads were runnable but not running, which tells a CPU-starved slow step (a quota, a shared node) from one that
-waited off the CPU (a slower device).  It is read at the step's start and end only when auto asks for it.
+For sync="auto" each sample also carries its step's *run-delay rate* (run_delay.py): seconds this rank's threads
+were runnable but not running, summed over threads, per second of the step.  It tells a CPU-starved slow step (a
+quota, a shared node) from one that waited off the CPU (a slower device).  It is read at the step's start and end
+only when auto asks for it.
 """
 import time
 
@@ -22,7 +23,7 @@ class StepClock:
     """Per-rank accumulators since the last ``take()``, and the samples the Switch Board has not had yet."""
 
     def __init__(self):
-        self.samples = []       # (time.monotonic(), compute s per iteration, run-delay s per iteration or None)
+        self.samples = []       # (time.monotonic(), compute s per iteration, the step's run-delay rate or None)
         self.meter = None       # RunDelayMeter, made at the first run_delay()
         self._reset()
         self.total_steps = 0
@@ -57,7 +58,7 @@ class StepClock:
         ``delay_start``: ``run_delay()`` at the step's start (None: the samples carry no run-delay)."""
         elapsed = mono_end - mono_start
         delay_end = self.run_delay() if delay_start is not None else None
-        starved = max(delay_end - delay_start, 0.0) if delay_end is not None else None
+        starved = max(delay_end - delay_start, 0.0) / elapsed if delay_end is not None and elapsed > 0 else None
         each = None
         timing = algorithm.last_round_timing() if local_iterations else None
         if timing is not None:
@@ -75,13 +76,10 @@ class StepClock:
         if self.warmup > 0:
             self.warmup -= 1
         elif each and len(each) == iterations:  # one sample per local iteration (ESync), scaled as compute was
-            total = sum(each)
-            scale = compute / total if total > 0 else 0.0
-            share = [c / total if total > 0 else 1.0 / iterations for c in each]  # run-delay shared as compute is
-            self.samples.extend((mono_end, c * scale, None if starved is None else starved * f)
-                                for c, f in zip(each, share))
+            scale = compute / sum(each) if sum(each) > 0 else 0.0
+            self.samples.extend((mono_end, c * scale, starved) for c in each)
         elif iterations:
-            self.samples.append((mono_end, compute / iterations, None if starved is None else starved / iterations))
+            self.samples.append((mono_end, compute / iterations, starved))
         del self.samples[:-256]
 
     def sync(self, seconds):

@@ -23,10 +23,12 @@ dilute one slow iteration among a fast rank's many, and random slowdowns were re
   typical (2.5): slowdowns come and go, on any rank, and they leave the CPU alone (a GPU shared with another job,
   variable input lengths).
 * **throttled**: the same random slowdowns, but CPU-starved: in at least ``starved_share`` (50%) of the slow samples
-  the rank's *run-delay* (seconds its threads were runnable but not running: CFS throttling by a CPU quota, other
-  jobs on the node; hetsync/training/run_delay.py) covers half the sample's excess over typical or more.  A sleep
-  or a device wait adds no run-delay.  Samples without run-delay (not measured) count for neither, and with none
-  measured the slowdowns are "random", as the papers read them.
+  step's *run-delay rate* (seconds the rank's threads were runnable but not running -- CFS throttling by a CPU
+  quota, other jobs on the node; hetsync/training/run_delay.py -- per second of the step) is at least 0.25 above
+  the rank's usual rate (its median).  A sleep or a device wait adds none of its own; under a quota, polling
+  threads accrue run-delay at a steady rate whatever the step does, hence "above the usual rate".
+  Samples without run-delay (not measured) count for neither, and with none measured the slowdowns are "random",
+  as the papers read them.
 * **homogeneous**: none of these.
 
 **Hysteresis**: the class in force (from the start, the class whose candidate auto started in) is left only when
@@ -61,7 +63,7 @@ from hetsync.algorithms.options import Option, check_all, defaults, did_you_mean
 CLASSES = ("homogeneous", "straggler", "random", "throttled")
 DEFAULT_CANDIDATES = {"homogeneous": "allreduce", "straggler": "ripples-smart", "random": "eager-solo",
                       "throttled": "ripples-smart"}
-STARVED_PART = 0.5       # a slow iteration is CPU-starved when run-delay covers this part of its excess or more
+STARVED_RATE = 0.25      # run-delay per second above its rank's usual rate that makes a slow iteration CPU-starved
 THROTTLED_MARGIN = 0.15  # hysteresis of starved_share between "random" and "throttled"
 SETTINGS = {
     "window": Option(10.0, "number", minimum=0, above=True, doc="seconds of samples the policy looks at"),
@@ -112,18 +114,18 @@ class AutoPolicy:
         self.size = int(size)
         self.candidates = normalize_candidates(candidates)
         self.s = check_all("sync='auto'", SETTINGS, settings)
-        self.samples = [[] for _ in range(self.size)]   # per rank: (time, compute s, run-delay s or None) per iteration
+        self.samples = [[] for _ in range(self.size)]   # per rank: (time, compute s, run-delay rate or None)
         self.state = None          # the class in force (from the first evaluation: the class of the mode in force)
         self.seen = None           # (class, since): the class every evaluation has returned since ``since``
         self.last_switch = None    # time of the last switch
         self.last_evaluation = None
         self.last = None           # (class, evidence) of the last evaluation, for reports
 
-    def add(self, rank, t, compute_s, starved_s=None):
-        """One iteration of ``rank`` at ``t``: its compute and its run-delay (None: not measured)."""
+    def add(self, rank, t, compute_s, run_delay=None):
+        """One iteration of ``rank`` at ``t``: its compute and its step's run-delay rate (None: not measured)."""
         if 0 <= rank < self.size and compute_s >= 0:
-            starved = float(starved_s) if starved_s is not None and starved_s >= 0 else None
-            self.samples[rank].append((float(t), float(compute_s), starved))
+            rate = float(run_delay) if run_delay is not None and run_delay >= 0 else None
+            self.samples[rank].append((float(t), float(compute_s), rate))
 
     def _trim(self, now):
         horizon = now - self.s["window"]
@@ -165,19 +167,32 @@ class AutoPolicy:
                   f"{typical * 1e3:.1f} ms; slowest rank median {max(medians.values()) / typical:.2f}x")
         if fraction < needed:
             return "homogeneous", detail
-        return self._starved_or_not(slow, typical, detail)
+        return self._starved_or_not(active, threshold, detail)
 
-    def _starved_or_not(self, slow, typical, detail):
-        """Random slowdowns: "throttled" when most slow iterations lost their time waiting for a CPU (run-delay
-        covers half their excess over typical or more), else "random".  Samples without run-delay (not measured)
-        count for neither; with none measured the slowdowns are "random", the papers' reading."""
-        known = [(c, s) for c, s in slow if s is not None]
+    def _starved_or_not(self, active, threshold, detail):
+        """Random slowdowns: "throttled" when most slow iterations lost their time waiting for a CPU, else "random".
+
+        A slow iteration is CPU-starved when its step's run-delay rate (run-delay seconds, summed over threads, per
+        second of the step) is at least ``STARVED_RATE`` above its rank's usual rate (the median over its samples).
+        The usual rate is not zero under a CPU quota: polling threads (Horovod's background loop, the engine's
+        progress thread) are runnable whenever the quota runs out, at every step, and a rank that sleeps through a
+        slow device step accrues their run-delay at that same rate.  A throttled step accrues it faster.  Samples
+        without run-delay count for neither; with none measured the slowdowns are "random", the papers' reading."""
+        starved, known = 0, 0
+        for r in active:
+            rates = [(c, d) for _, c, d in self.samples[r] if d is not None]
+            if not rates:
+                continue
+            usual = statistics.median(d for _, d in rates)
+            slow = [d for c, d in rates if c >= threshold]
+            known += len(slow)
+            starved += sum(d - usual >= STARVED_RATE for d in slow)
         if not known:
             return "random", detail + "; run-delay not measured"
-        share = sum(s >= STARVED_PART * (c - typical) for c, s in known) / len(known)
+        share = starved / known
         margin = {"random": THROTTLED_MARGIN, "throttled": -THROTTLED_MARGIN}.get(self.state, 0.0)
         cut = min(max(self.s["starved_share"] + margin, 0.0), 1.0)
-        detail += f"; {share:.0%} of {len(known)} slow iterations CPU-starved (run-delay)"
+        detail += f"; {share:.0%} of {known} slow iterations CPU-starved (run-delay rate above the rank's usual)"
         return ("throttled" if share >= cut else "random"), detail
 
     def _periods(self, active):

@@ -83,7 +83,7 @@ class SwitchBoard:
     # -- reports ----------------------------------------------------------------------------------------------
     def report(self, rank, position, applied, mode=None, options=None, samples=(), now=0.0, every=1):
         """Rank ``rank`` finished step ``position`` (having carried out decisions up to ``applied``), running
-        ``mode``; ``samples`` are (time, compute seconds, run-delay seconds or None) per iteration, for the
+        ``mode``; ``samples`` are (time, compute seconds, run-delay rate or None) per iteration, for the
         policy; ``every``: its report cadence.  Returns the decision this rank has yet to carry out, or None."""
         self._check_rank(rank)
         self.every = max(self.every, int(every or 1))
@@ -96,8 +96,8 @@ class SwitchBoard:
             self.current = (mode, options if isinstance(options, str) else canonical(options))
         self._retire()
         if self.policy is not None:
-            for t, compute_s, starved_s in samples:
-                self.policy.add(rank, t, compute_s, starved_s)
+            for t, compute_s, run_delay in samples:
+                self.policy.add(rank, t, compute_s, run_delay)
             self._consult_policy(now)
         self._decide(now)
         d = self.decision

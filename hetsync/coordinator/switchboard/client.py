@@ -22,14 +22,14 @@ class SwitchClient(ServiceClient):
 
     def report(self, position, applied, mode, options_json, samples=(), every=1):
         """The decision this rank has yet to carry out (a SwitchDecision; ``id == 0``: none).  ``samples``:
-        (time.monotonic() on this rank, compute seconds, run-delay seconds or None) per iteration; times travel as
+        (time.monotonic() on this rank, compute seconds, run-delay rate or None) per iteration; times travel as
         ages."""
         now = time.monotonic()
         return self._stub.SwitchReport(pb2.SwitchReportMsg(
             secret=self.secret, worker=self.worker, position=int(position), applied=int(applied), mode=mode,
             options_json=options_json, every=int(every), sample_age_s=[now - t for t, _, _ in samples],
             sample_compute_s=[c for _, c, _ in samples],
-            sample_starved_s=[-1.0 if s is None else s for _, _, s in samples]), timeout=self.timeout)
+            sample_run_delay=[-1.0 if d is None else d for _, _, d in samples]), timeout=self.timeout)
 
     def configure(self, policy):
         """Installs ``sync="auto"``'s policy (a dict: candidates and settings; None removes it)."""

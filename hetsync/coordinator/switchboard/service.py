@@ -50,11 +50,11 @@ class SwitchServicer(pb2_grpc.SwitchBoardServicer):
     def SwitchReport(self, request, context):
         def report(board):
             received = self._clock()
-            starved = list(request.sample_starved_s)
-            if len(starved) != len(request.sample_compute_s):  # not measured (a rank without the field)
-                starved = [-1.0] * len(request.sample_compute_s)
-            ages = zip(request.sample_age_s, request.sample_compute_s, starved)
-            samples = [(received - max(age, 0.0), c, s if s >= 0 else None) for age, c, s in ages]
+            delays = list(request.sample_run_delay)
+            if len(delays) != len(request.sample_compute_s):  # not measured (a rank without the field)
+                delays = [-1.0] * len(request.sample_compute_s)
+            ages = zip(request.sample_age_s, request.sample_compute_s, delays)
+            samples = [(received - max(age, 0.0), c, d if d >= 0 else None) for age, c, d in ages]
             d = board.report(request.worker, request.position, request.applied, request.mode or None,
                              request.options_json or "{}", samples, received, request.every or 1)
             if d is None:
