@@ -244,8 +244,8 @@ def test_random_slowdowns_that_starve_the_cpu_are_throttled_and_keep_ripples_sma
 
 
 def test_random_and_throttled_hold_by_a_margin_and_unmeasured_run_delay_reads_random():
-    """Between random and throttled the share of CPU-starved slow iterations must pass ``starved_share`` (0.5)
-    by 0.15: at 60% starved a job in force in random stays there, a fresh one reads throttled.  Slow iterations
+    """Between random and throttled the share of CPU-starved slow iterations must pass ``starved_share`` (0.3)
+    by 0.15: at 40% starved a job in force in random stays there, a fresh one reads throttled.  Slow iterations
     without run-delay (a kernel that does not say) count for neither: all unmeasured is random."""
     def filled(run_delay):
         policy, sample, k = make(4, candidates=None), _one_slow_rank_at_a_time(4, random.Random(3)), 0
@@ -256,11 +256,11 @@ def test_random_and_throttled_hold_by_a_margin_and_unmeasured_run_delay_reads_ra
                 policy.add(r, step * 0.05, c, run_delay(c, k))
         return policy
 
-    margin = filled(lambda c, k: 1.0 if c > 0.05 and k % 5 < 3 else 0.0)  # 3 of every 5 slow iterations starved
+    margin = filled(lambda c, k: 1.0 if c > 0.05 and k % 5 < 2 else 0.0)  # 2 of every 5 slow iterations starved
     for in_force, expected in (("random", "random"), (None, "throttled"), ("throttled", "throttled")):
         margin.state = in_force
         cls, evidence = margin.classify(6.0)
-        assert cls == expected and "60% of" in evidence, (in_force, evidence)
+        assert cls == expected and "40% of" in evidence, (in_force, evidence)
     unmeasured = filled(lambda c, k: None)
     cls, evidence = unmeasured.classify(6.0)
     assert cls == "random" and "not measured" in evidence, evidence

@@ -260,8 +260,10 @@ class ODSGD(IdleContribution, SyncAlgorithm):
         ``iterations``, identical on every rank."""
         state = optimizer_state(self.optimizer)
         saved = [tf.identity(s.read_value()) for s in state]
+        keras_class = self.cls.__bases__[0]  # the user's optimizer class, under Horovod's wrapper: its
+        # apply_gradients would allreduce the gradients again (in a cond, at every trace), and this step is local
         with tf.control_dependencies(saved):
-            self.cls.apply_gradients(self.optimizer, list(zip(grads, variables)))
+            keras_class.apply_gradients(self.optimizer, list(zip(grads, variables)))
         with tf.control_dependencies([v.read_value() for v in variables]):
             return [s.assign(x) for s, x in zip(state, saved)]
 
