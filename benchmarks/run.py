@@ -205,8 +205,13 @@ def run_one(scenario, token, repeat, args, quotas, out):
     schedule = Schedule(quotas, spec.get("changes", []))
     began = time.monotonic()
     schedule.start()
+    timed_out = False
     try:
         proc = run_streamed(cmd, env=env, cwd=ROOT, timeout=args.job_timeout)
+    except subprocess.TimeoutExpired as e:  # a failed run, stored as one; the next job goes on
+        timed_out = True
+        proc = subprocess.CompletedProcess(cmd, -9, stdout=e.output or "")
+        print(f"    job killed after --job-timeout {args.job_timeout} s: stored as a failed run", flush=True)
     finally:
         schedule.stop()
     wall = time.monotonic() - began
@@ -225,7 +230,8 @@ def run_one(scenario, token, repeat, args, quotas, out):
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "command": " ".join(cmd), "machine": machine(), "quotas": spec["quotas"],
               "device": spec.get("device"), "hosts": spec.get("hosts"),
-              "quota_changes": schedule.applied, "returncode": proc.returncode, "job_wall_s": round(wall, 2),
+              "quota_changes": schedule.applied, "returncode": proc.returncode, "timed_out": timed_out,
+              "job_wall_s": round(wall, 2),
               "horovod_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("HOROVOD_")},
               "ranks": ranks}
     if thread_cpu is not None:
