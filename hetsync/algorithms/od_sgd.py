@@ -41,19 +41,12 @@ import tensorflow as tf
 from hetsync import _runtime, marks, ops
 from hetsync.algorithms import horovod_kwargs, register
 from hetsync.algorithms._synchronous import IdleContribution, ReducedOnce, horovod_optimizer, loss_scale_parts
-from hetsync.algorithms._wrap import build_slots, update_result
+from hetsync.algorithms._wrap import build_slots, optimizer_variables, update_result
 from hetsync.algorithms.base import SyncAlgorithm
 from hetsync.algorithms.options import Option, TIMEOUT
 
 LOCAL_UPDATERS = ("sgd", "dc-asgd-c", "dc-asgd-a", "optimizer")
 PAPER_DC_LAMBDA = {"dc-asgd-c": 0.04, "dc-asgd-a": 0.95}  # §4.3 (CIFAR-10): each updater's recommended λ
-
-
-def optimizer_state(optimizer):
-    """Every variable of a Keras optimizer (``iterations``, slots), whether ``variables`` is a property (Keras 2.11+)
-    or a method (the legacy optimizers)."""
-    state = optimizer.variables
-    return list(state() if callable(state) else state)
 
 
 @register
@@ -258,7 +251,7 @@ class ODSGD(IdleContribution, SyncAlgorithm):
         """Local updater "optimizer": the model (W_t now) takes the user's optimizer's step with this rank's g_t,
         and the optimizer's state is put back: the global update stays the only one that moves slots and
         ``iterations``, identical on every rank."""
-        state = optimizer_state(self.optimizer)
+        state = optimizer_variables(self.optimizer)
         saved = [tf.identity(s.read_value()) for s in state]
         keras_class = self.cls.__bases__[0]  # the user's optimizer class, under Horovod's wrapper: its
         # apply_gradients would allreduce the gradients again (in a cond, at every trace), and this step is local

@@ -161,9 +161,8 @@ class AutoPolicy:
                 parts = ", ".join(f"rank {r} {periods[r] * 1e3:.1f} ms ({periods[r] / usual:.1f}x)" for r in slow)
                 return "straggler", f"step period {parts} vs typical {usual * 1e3:.1f} ms"
         threshold = self.s["slow_sample_ratio"] * typical
-        pooled = [(c, s) for r in active for _, c, s in self.samples[r]]
-        slow = [(c, s) for c, s in pooled if c >= threshold]
-        fraction = len(slow) / len(pooled)
+        pooled = [c for r in active for _, c, _ in self.samples[r]]
+        fraction = sum(c >= threshold for c in pooled) / len(pooled)
         needed = self.s["random_exit"] if self.state in ("random", "throttled") else self.s["random_fraction"]
         detail = (f"{fraction:.0%} of {len(pooled)} iterations >= {self.s['slow_sample_ratio']:g}x typical "
                   f"{typical * 1e3:.1f} ms; slowest rank median {max(medians.values()) / typical:.2f}x")
