@@ -42,8 +42,8 @@ demo: install
 # benchmarks/results/<date>/ and turned into the README's tables; then the sleep-emulated Ripples grid (not stored).
 # `make bench-quota` is the first part alone; `make bench-rules` compares, in the slow-node scenario and the
 # sleep-emulated slow GPU, each option whose default departs from its paper (declared with the option:
-# Option.paper_rule) with the paper's own rule (docs/paper-fidelity.md), same repeat (repeats 16-18, apart from the
-# scenarios' own).
+# Option.paper_rule) with the paper's own rule (docs/paper-fidelity.md), same repeat.  New runs take repeat numbers
+# past the stored ones (benchmarks/run.py --first-repeat).
 bench: bench-quota bench-rules
 	$(PY) examples/benchmark.py --preset full --out results/bench
 
@@ -52,7 +52,7 @@ bench-quota: install
 	$(PY) benchmarks/tables.py
 
 bench-rules: install
-	$(PY) benchmarks/run.py --scenarios slow-node,slow-gpu --modes horovod --paper-rules --first-repeat 16
+	$(PY) benchmarks/run.py --scenarios slow-node,slow-gpu --modes horovod --paper-rules
 	$(PY) benchmarks/tables.py
 
 # Every part of examples/bench_cluster.py on the emulated cluster (root); not stored (docs/cluster.md).

@@ -46,7 +46,7 @@ sys.path.insert(0, ROOT)
 from cluster_hosts import Cluster, launcher  # noqa: E402
 from common import Progress, run_streamed  # noqa: E402
 from quota import Quotas, Schedule  # noqa: E402
-from stored import token_parts  # noqa: E402
+from stored import load, token_parts  # noqa: E402
 
 from hetsync.algorithms import available_modes, declared_options, departures  # noqa: E402
 from hetsync.algorithms.options import check_all  # noqa: E402
@@ -244,6 +244,13 @@ def run_one(scenario, token, repeat, args, quotas, out):
     return record
 
 
+def held_repeats(scenario, stored_runs):
+    """The repeat numbers that stored runs of ``scenario`` hold (``stored_runs``: stored.load()).  A new job in one
+    of them would be paired, repeat by repeat, with a Horovod run made at another time (or give a stored run a new
+    one), and the machine's pace drifts over the day (docs/benchmarks.md): its ratio would mean nothing."""
+    return sorted({r for runs in stored_runs.get(scenario, {}).values() for r in runs})
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scenarios", default="slow-node",
@@ -255,8 +262,13 @@ def main(argv=None):
                    help="also run, for every option whose default departs from its paper, the mode with the "
                         "paper's rule and without it (docs/paper-fidelity.md)")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--first-repeat", type=int, default=1,
-                   help="number of the first repeat: a later session adds repeats 4, 5, ... beside stored ones")
+    p.add_argument("--first-repeat", type=int, default=None,
+                   help="number of the first repeat (default: each scenario's first one that no stored run holds, "
+                        "so new runs land beside the stored ones; 1 with --out elsewhere)")
+    p.add_argument("--replace-repeats", action="store_true",
+                   help="let --first-repeat name repeats that stored runs already hold (each new run replaces the "
+                        "stored one of its mode; re-run every mode of the repeat, Horovod included, or the "
+                        "pairing is lost)")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--job-timeout", type=float, default=900)
@@ -277,8 +289,17 @@ def main(argv=None):
             variant(token)
         except ValueError as e:
             p.error(str(e))
-    first = args.first_repeat
-    jobs = [(s, m, k) for s in scenarios for k in range(first, first + args.repeats) for m in modes]
+    results = os.path.join(HERE, "results")
+    stored_out = os.path.commonpath([os.path.abspath(args.out), results]) == results
+    stored_runs = load(results) if stored_out else {}
+    held = {s: held_repeats(s, stored_runs) for s in scenarios}
+    first = {s: args.first_repeat or max(held[s], default=0) + 1 for s in scenarios}
+    clashes = {s: [r for r in held[s] if first[s] <= r < first[s] + args.repeats] for s in scenarios}
+    if any(clashes.values()) and not args.replace_repeats:
+        p.error("; ".join(f"{s} already has stored runs in repeat(s) {', '.join(map(str, r))} (first free: "
+                          f"--first-repeat {max(held[s]) + 1})" for s, r in clashes.items() if r)
+                + ". Pass --replace-repeats to re-run them, or --out elsewhere for runs not to store")
+    jobs = [(s, m, k) for s in scenarios for k in range(first[s], first[s] + args.repeats) for m in modes]
     progress = Progress(len(jobs), estimate_s=90)
     for scenario in scenarios:
         spec = SCENARIOS[scenario]

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -248,3 +249,37 @@ def test_a_record_stores_every_option_as_the_run_used_it():
     assert run.settings("eager-solo", {"late": "algorithm5"})["late"] == "algorithm5"
     assert json.loads(json.dumps(run.settings("esync", {"non_blocking": True})))["non_blocking"] is True
     assert run.settings("horovod", {}) == {}
+
+
+def test_a_new_run_lands_in_a_repeat_no_stored_run_holds(tmp_path, monkeypatch, capsys):
+    """Repeat k of a mode is paired with repeat k of plain Horovod: a job added to a held repeat would pair with a
+    Horovod run made at another time.  By default run.py numbers each scenario's new repeats past its stored ones;
+    a --first-repeat that names a held repeat is refused before any job starts, naming the held repeats and the
+    first free one; --replace-repeats and an --out outside the stored results let it through."""
+    day = tmp_path / "2026-01-01"
+    day.mkdir()
+    for rec in [_record("horovod", 1, 10.0, []), _record("esync", 2, 10.0, []),
+                dict(_record("esync/on_ready=abort", 4, 10.0, []), mode="esync", variant="esync/on_ready=abort")]:
+        token = rec.get("variant") or rec["mode"]
+        (day / f"{token.replace('/', '.')}-{rec['repeat']}.json").write_text(json.dumps(rec))
+    assert run.held_repeats("s", stored.load(str(tmp_path))) == [1, 2, 4]
+    assert run.held_repeats("t", stored.load(str(tmp_path))) == []
+
+    jobs = []
+    monkeypatch.setattr(run, "run_one", lambda *a: jobs.append(a[:3]) or {"ranks": [None], "returncode": 0,
+                                                                          "job_wall_s": 0})
+    monkeypatch.setattr(run, "Quotas", lambda n: type("Q", (), {"remove": lambda self: None})())
+    held = run.held_repeats("slow-node", stored.load())
+    assert held, "the stored slow-node runs"
+    argv = ["--scenarios", "slow-node", "--modes", "horovod", "--repeats", "1"]
+    run.main(argv)
+    assert jobs == [("slow-node", "horovod", max(held) + 1)]
+    with pytest.raises(SystemExit):
+        run.main(argv + ["--first-repeat", str(held[0])])
+    assert f"slow-node already has stored runs in repeat(s) {held[0]} (first free: --first-repeat {max(held) + 1})" \
+        in capsys.readouterr().err
+    assert len(jobs) == 1
+    run.main(argv + ["--first-repeat", str(held[0]), "--out", str(tmp_path / "elsewhere")])
+    run.main(argv + ["--first-repeat", str(held[0]), "--replace-repeats"])
+    run.main(argv + ["--out", str(tmp_path / "elsewhere")])
+    assert jobs[1:] == [("slow-node", "horovod", held[0])] * 2 + [("slow-node", "horovod", 1)]
