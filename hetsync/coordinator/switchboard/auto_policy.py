@@ -16,9 +16,10 @@ dilute one slow iteration among a fast rank's many, and random slowdowns were re
   without any sample in the window (idle after stopping, finished) is left out.
 * **straggler**: some rank has m_r >= ``straggler_ratio`` x typical (1.5): it is slow most of the time; or, with
   compute samples that look even, some rank's *step period* (its seconds between steps, from its own sample times)
-  is >= ``straggler_ratio`` x the typical period.  A CPU quota freezes a slow node anywhere in its step, waits
-  included, so its compute samples can look like everyone's while it takes a fraction of the others' steps; in a
-  lockstep mode every rank has the same period and the compute samples decide alone.
+  is >= ``straggler_ratio`` x the typical period, and so is its period less its mean compute sample.  A CPU quota
+  freezes a slow node anywhere in its step, waits included, so its compute samples can look like everyone's while
+  it takes a fraction of the others' steps; a period made long by slow compute samples alone is random slowness; in
+  a lockstep mode every rank has the same period and the compute samples decide alone.
 * **random**: no straggler, but at least ``random_fraction`` (6%) of all samples are >= ``slow_sample_ratio`` x
   typical (2.5): slowdowns come and go, on any rank, and they leave the CPU alone (a GPU shared with another job,
   variable input lengths).
@@ -156,7 +157,10 @@ class AutoPolicy:
         periods = self._periods(active)
         if periods:
             usual = statistics.median(periods.values())
-            slow = [r for r, p in periods.items() if usual > 0 and p >= ratio * usual]
+            away = {r: p - statistics.fmean(c for _, c, _ in self.samples[r]) for r, p in periods.items()}
+            usual_away = statistics.median(away.values())
+            slow = [r for r, p in periods.items()
+                    if usual > 0 and p >= ratio * usual and away[r] >= ratio * max(usual_away, 0.0)]
             if slow:
                 parts = ", ".join(f"rank {r} {periods[r] * 1e3:.1f} ms ({periods[r] / usual:.1f}x)" for r in slow)
                 return "straggler", f"step period {parts} vs typical {usual * 1e3:.1f} ms"
@@ -201,7 +205,13 @@ class AutoPolicy:
         one rank's clock, never compared across ranks).  In a mode whose ranks step at their own pace this is the
         rank's whole speed: a CPU quota freezes a slow node anywhere in its step, also while it waits, so its compute
         samples may look normal while it takes fewer steps.  Lockstep modes give every rank the same period, and
-        leave the decision to the compute samples."""
+        leave the decision to the compute samples.
+
+        ``classify`` also asks that the rank's time per step *outside* its compute (its period less its mean compute
+        sample) be ``ratio`` x the usual: a period made long by its own slow compute samples is random slowness, not
+        a frozen node.  At a random quarter of steps 4x slow, ranks stepping at their own pace differ by chance in
+        how many slow steps a window holds, and their periods by up to a third: with the period alone such a job
+        read as a straggler long after the compute samples had shown random slowdowns."""
         out = {}
         for r in active:
             times = [t for t, _, _ in self.samples[r]]
