@@ -18,15 +18,49 @@ def token_parts(token):
     return mode, pairs
 
 
+# Defaults that changed after runs were stored: {mode: {option: (the former default, today's)}}.  A stored run of
+# the mode that ran with the former value -- its ``settings`` say so; a run stored before runs recorded their
+# settings ran with it -- is read as the variant ``MODE/OPTION=FORMER``, as if run.py had been given that token, and
+# a variant run of today's value as the mode itself: a mode's own row holds only runs of its defaults of today
+# (tests/test_bench_tables.py checks today's value against the mode's declaration).
+FORMER_DEFAULTS = {"od-sgd": {"local_updater": ("sgd", "optimizer")}}
+
+
+def token_of(rec):
+    """The token a stored run is read under: its variant's (``run.py --modes MODE/KEY=VALUE``) or its mode's, with
+    ``FORMER_DEFAULTS`` applied."""
+    mode, pairs = token_parts(rec.get("variant") or rec["mode"])
+    changed = FORMER_DEFAULTS.get(mode, {})
+    if not changed:
+        return rec.get("variant") or rec["mode"]
+    settings = rec.get("settings") or {}
+    options = dict(pair.partition("=")[::2] for pair in pairs)
+    for name, (former, today) in changed.items():
+        ran = options.get(name, settings.get(name, former))
+        if ran == former:
+            options[name] = former
+        elif ran == today:
+            options.pop(name, None)
+    return "/".join([mode] + [f"{k}={v}" for k, v in options.items()])
+
+
+def former_default(token):
+    """Whether ``token`` is a mode with one option at a former default (``MODE/OPTION=FORMER``): the mode's runs of
+    before the change, which its scenario tables keep as a row of their own."""
+    mode, pairs = token_parts(token)
+    return len(pairs) == 1 and any(pairs[0] == f"{name}={former}"
+                                   for name, (former, _) in FORMER_DEFAULTS.get(mode, {}).items())
+
+
 def load(results=os.path.join(HERE, "results")):
     """Every stored run, newest date folder last: {scenario: {mode: {repeat: record}}} (a later date's run of the same
     scenario, mode and repeat replaces an earlier one).  A variant (``run.py --modes MODE/KEY=VALUE``: a mode with
-    an option set, such as a paper's own rule) is keyed by its token."""
+    an option set, such as a paper's own rule) is keyed by its token, and a run of a former default as its variant
+    (``token_of``)."""
     runs = {}
     for path in sorted(glob.glob(os.path.join(results, "*", "*.json"))):
         rec = json.load(open(path))
-        key = rec.get("variant") or rec["mode"]
-        runs.setdefault(rec["scenario"], {}).setdefault(key, {})[rec["repeat"]] = rec
+        runs.setdefault(rec["scenario"], {}).setdefault(token_of(rec), {})[rec["repeat"]] = rec
     return runs
 
 

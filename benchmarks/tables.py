@@ -29,14 +29,15 @@ import re
 import sys
 
 from figures import FIGURE, FORMATS, figure
-from stored import BASELINE, TARGET, after_first_epoch, load, ok, runs_label, spread, summary, token_parts
+from stored import (BASELINE, TARGET, after_first_epoch, former_default, load, ok, runs_label, spread, summary,
+                    token_parts)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 PAGES = [os.path.join(ROOT, "README.md"), *sorted(glob.glob(os.path.join(ROOT, "docs", "*.md"))),
          *sorted(glob.glob(os.path.join(ROOT, "docs", "modes", "*.md")))]
 BLOCK = re.compile(r"(<!-- bench: (?P<scenario>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- /bench -->)", re.S)
-MODES_BLOCK = re.compile(r"(<!-- bench-modes: (?P<modes>[a-z0-9,-]+) -->\n)(?P<body>.*?)(<!-- /bench-modes -->)", re.S)
+MODES_BLOCK = re.compile(r"(<!-- bench-modes: (?P<modes>[a-z0-9,/=_-]+) -->\n)(?P<body>.*?)(<!-- /bench-modes -->)", re.S)
 THREADS = re.compile(r"(<!-- bench-threads: (?P<folder>[A-Za-z0-9._-]+) -->\n)(?P<body>.*?)(<!-- /bench-threads -->)",
                      re.S)
 RULES = re.compile(r"(<!-- bench-rules: (?P<scenario>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- /bench-rules -->)", re.S)
@@ -64,14 +65,14 @@ def _cells(row, *columns):
 
 def table(scenario, modes, target=TARGET):
     rows = summary(modes, target)
-    order = [BASELINE] + sorted(m for m in rows if m != BASELINE and not paired_with(m))
+    order = [BASELINE] + sorted(m for m in rows if m != BASELINE and (not paired_with(m) or former_default(m)))
     some = next(iter(next(iter(modes.values())).values()))
     commits = ", ".join(sorted({rec["commit"] for repeats in modes.values() for rec in repeats.values()}))
     pct = int(round(target * 100))
     epochs = some.get("epochs") or re.search(r"--epochs (\d+)", some["command"]).group(1)
     lines = [f"Scenario `{scenario}`: {some['what']}; quotas {some['quotas']} of a core per rank; "
              f"runs per mode in the last column (speedups pair run k with plain Horovod's run k), commits {commits}, "
-             f"{_machines(modes)}.  Median (range).",
+             f"{_machines(modes)}.  Median (range).{_former(order)}",
              "",
              f"| mode | training s | vs Horovod | epochs 2-{epochs}, s | vs Horovod | time to {pct}% accuracy, s | "
              "vs Horovod | final accuracy | job s | runs |",
@@ -86,6 +87,12 @@ def table(scenario, modes, target=TARGET):
         lines.append(f"| {name} | {_cells(r, 'train', 'speedup', 'steady', 'steady_speedup', 'ttt', 'ttt_speedup')} "
                      f"| {_cells(r, 'accuracy', 'wall')} | {r['runs']} |")
     return "\n".join(lines + _switches(modes)) + "\n"
+
+
+def _former(tokens):
+    """The caption's words for the rows of a mode's runs made under a former default."""
+    return "".join(f"  `{t}`: `{token_parts(t)[0]}`'s runs made when `{token_parts(t)[1][0]}` was its default."
+                   for t in tokens if former_default(t))
 
 
 def paired_with(token):

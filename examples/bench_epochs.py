@@ -38,7 +38,7 @@ MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
 
 
 def parse_run(run):
-    """A run is a mode name, optionally followed by its options as JSON: ``od-sgd{"local_lr": 0.0}``; then
+    """A run is a mode name, optionally followed by its options as JSON: ``od-sgd{"warmup_steps": 40}``; then
     ``>MODE@N`` (rank 0 asks for a live switch to MODE after Keras step N) or ``+syncmode`` (a SyncModeCallback callback
     that never switches: its cost alone).  Returns (mode, options, extra flags for the script)."""
     extra = []
@@ -137,7 +137,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workers", default="4", help="comma list")
     p.add_argument("--modes", default=";".join(MODES),
-                   help='";" list of runs: a mode, or a mode with its options as JSON (od-sgd{"local_lr": 0.0})')
+                   help='";" list of runs: a mode, or a mode with its options as JSON (od-sgd{"warmup_steps": 40})')
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--steps", type=int, default=160, help="the job's steps per epoch: each rank gets STEPS // size")
     p.add_argument("--compute", type=float, default=0.05, help="emulated compute seconds per train step")

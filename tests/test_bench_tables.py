@@ -283,3 +283,35 @@ def test_a_new_run_lands_in_a_repeat_no_stored_run_holds(tmp_path, monkeypatch, 
     run.main(argv + ["--first-repeat", str(held[0]), "--replace-repeats"])
     run.main(argv + ["--out", str(tmp_path / "elsewhere")])
     assert jobs[1:] == [("slow-node", "horovod", held[0])] * 2 + [("slow-node", "horovod", 1)]
+
+
+def test_runs_of_a_former_default_are_read_as_its_variant_and_keep_a_row_of_their_own(tmp_path, monkeypatch):
+    """After a default changes, a mode's row must hold only runs of today's default: a stored run made with the
+    former value (its recorded settings say so, or it predates recorded settings) reads as ``MODE/OPTION=FORMER``,
+    a variant run of today's value as the mode itself, and the scenario table shows the former default's row
+    beside the mode's, named in its caption.  Today's value is the mode's declared default."""
+    from hetsync.algorithms import declared_options
+
+    for mode, changed in stored.FORMER_DEFAULTS.items():
+        for name, (former, today) in changed.items():
+            assert declared_options(mode)[name].default == today != former, (mode, name)
+    monkeypatch.setattr(stored, "FORMER_DEFAULTS", {"esync": {"on_ready": ("wait", "abort")}})
+    day = tmp_path / "2026-01-01"
+    day.mkdir()
+    runs = [_record("horovod", 1, 100.0, [(90.0, 0.92, 0.3)]),
+            _record("esync", 1, 50.0, [(20.0, 0.95, 0.2)]),                       # before settings were recorded
+            dict(_record("esync", 2, 40.0, [(10.0, 0.93, 0.2)]), settings={"on_ready": "wait", "local": 1}),
+            dict(_record("esync", 3, 45.0, [(15.0, 0.93, 0.2)]), settings={"on_ready": "abort", "local": 1}),
+            dict(_record("esync", 4, 44.0, [(15.0, 0.92, 0.2)]), variant="esync/on_ready=abort",
+                 options={"on_ready": "abort"}),
+            dict(_record("esync", 5, 44.0, [(15.0, 0.92, 0.2)]), variant="esync/local=2/on_ready=wait",
+                 options={"local": 2, "on_ready": "wait"})]
+    for i, rec in enumerate(runs):
+        (day / f"{i}.json").write_text(json.dumps(rec))
+    loaded = stored.load(str(tmp_path))["s"]
+    assert {k: sorted(v) for k, v in loaded.items()} == {
+        "horovod": [1], "esync": [3, 4], "esync/on_ready=wait": [1, 2], "esync/local=2/on_ready=wait": [5]}
+    assert stored.former_default("esync/on_ready=wait") and not stored.former_default("esync/local=2/on_ready=wait")
+    text = tables.table("s", loaded, target=0.9)
+    assert "| `esync` |" in text and "| `esync/on_ready=wait` |" in text and "local=2" not in text, text
+    assert "`esync/on_ready=wait`: `esync`'s runs made when `on_ready=wait` was its default." in text, text

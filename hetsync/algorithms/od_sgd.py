@@ -57,8 +57,9 @@ class ODSGD(IdleContribution, SyncAlgorithm):
     OPTIONS = {
         "warmup_steps": Option(100, "int", minimum=0, doc="steps of plain allreduce before the one-step delay",
                                paper="OD-SGD §4.6"),
-        "local_updater": Option("sgd", choices=LOCAL_UPDATERS, doc="the local updater (§3.3; \"optimizer\": the "
-                                "user's optimizer's own step, its state unchanged)", paper="OD-SGD §3.3"),
+        "local_updater": Option("optimizer", choices=LOCAL_UPDATERS, paper_rule="sgd",
+                                doc="the local updater (\"optimizer\": the user's optimizer's own step, its state "
+                                "unchanged; \"sgd\", \"dc-asgd-c\", \"dc-asgd-a\": §3.3's)", paper="OD-SGD §3.3"),
         "local_lr": Option(None, "number", minimum=0, above=True, none=True,
                            doc="the local updater's learning rate η (None: the optimizer's current one)",
                            paper="OD-SGD §3.3"),
