@@ -37,7 +37,8 @@ ROOT = os.path.dirname(HERE)
 PAGES = [os.path.join(ROOT, "README.md"), *sorted(glob.glob(os.path.join(ROOT, "docs", "*.md"))),
          *sorted(glob.glob(os.path.join(ROOT, "docs", "modes", "*.md")))]
 BLOCK = re.compile(r"(<!-- bench: (?P<scenario>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- /bench -->)", re.S)
-MODES_BLOCK = re.compile(r"(<!-- bench-modes: (?P<modes>[a-z0-9,/=_-]+) -->\n)(?P<body>.*?)(<!-- /bench-modes -->)", re.S)
+MODES_BLOCK = re.compile(r"(<!-- bench-modes: (?P<modes>[a-z0-9,/=_-]+) -->\n)(?P<body>.*?)(<!-- /bench-modes -->)",
+                         re.S)  # MODES: modes or variants' tokens
 THREADS = re.compile(r"(<!-- bench-threads: (?P<folder>[A-Za-z0-9._-]+) -->\n)(?P<body>.*?)(<!-- /bench-threads -->)",
                      re.S)
 RULES = re.compile(r"(<!-- bench-rules: (?P<scenario>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- /bench-rules -->)", re.S)
