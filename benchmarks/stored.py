@@ -29,10 +29,11 @@ FORMER_DEFAULTS = {"od-sgd": {"local_updater": ("sgd", "optimizer")}}
 def token_of(rec):
     """The token a stored run is read under: its variant's (``run.py --modes MODE/KEY=VALUE``) or its mode's, with
     ``FORMER_DEFAULTS`` applied."""
-    mode, pairs = token_parts(rec.get("variant") or rec["mode"])
+    token = rec.get("variant") or rec["mode"]
+    mode, pairs = token_parts(token)
     changed = FORMER_DEFAULTS.get(mode, {})
     if not changed:
-        return rec.get("variant") or rec["mode"]
+        return token
     settings = rec.get("settings") or {}
     options = dict(pair.partition("=")[::2] for pair in pairs)
     for name, (former, today) in changed.items():
