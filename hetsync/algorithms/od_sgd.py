@@ -41,7 +41,7 @@ import tensorflow as tf
 from hetsync import _runtime, marks, ops
 from hetsync.algorithms import horovod_kwargs, register
 from hetsync.algorithms._synchronous import IdleContribution, ReducedOnce, horovod_optimizer, loss_scale_parts
-from hetsync.algorithms._wrap import build_slots, optimizer_variables, update_result
+from hetsync.algorithms._wrap import apply_locally, build_slots, optimizer_variables, update_result
 from hetsync.algorithms.base import SyncAlgorithm
 from hetsync.algorithms.options import Option, TIMEOUT
 
@@ -254,10 +254,8 @@ class ODSGD(IdleContribution, SyncAlgorithm):
         ``iterations``, identical on every rank."""
         state = optimizer_variables(self.optimizer)
         saved = [tf.identity(s.read_value()) for s in state]
-        keras_class = self.cls.__bases__[0]  # the user's optimizer class, under Horovod's wrapper: its
-        # apply_gradients would allreduce the gradients again (in a cond, at every trace), and this step is local
-        with tf.control_dependencies(saved):
-            keras_class.apply_gradients(self.optimizer, list(zip(grads, variables)))
+        with tf.control_dependencies(saved):  # the user's class: Horovod's wrapper would allreduce g_t again
+            apply_locally(self.optimizer, list(zip(grads, variables)))
         with tf.control_dependencies([v.read_value() for v in variables]):
             return [s.assign(x) for s, x in zip(state, saved)]
 

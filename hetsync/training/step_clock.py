@@ -58,7 +58,7 @@ class StepClock:
         ``delay_start``: ``run_delay()`` at the step's start (None: the samples carry no run-delay)."""
         elapsed = mono_end - mono_start
         delay_end = self.run_delay() if delay_start is not None else None
-        starved = max(delay_end - delay_start, 0.0) / elapsed if delay_end is not None and elapsed > 0 else None
+        rate = max(delay_end - delay_start, 0.0) / elapsed if delay_end is not None and elapsed > 0 else None
         each = None
         timing = algorithm.last_round_timing() if local_iterations else None
         if timing is not None:
@@ -76,10 +76,11 @@ class StepClock:
         if self.warmup > 0:
             self.warmup -= 1
         elif each and len(each) == iterations:  # one sample per local iteration (ESync), scaled as compute was
-            scale = compute / sum(each) if sum(each) > 0 else 0.0
-            self.samples.extend((mono_end, c * scale, starved) for c in each)
+            total = sum(each)
+            scale = compute / total if total > 0 else 0.0
+            self.samples.extend((mono_end, c * scale, rate) for c in each)
         elif iterations:
-            self.samples.append((mono_end, compute / iterations, starved))
+            self.samples.append((mono_end, compute / iterations, rate))
         del self.samples[:-256]
 
     def sync(self, seconds):
