@@ -198,10 +198,12 @@ def test_a_rank_taking_fewer_steps_at_its_own_pace_is_a_straggler_whatever_its_c
     assert proposal is None and lockstep.last[0] == "homogeneous", lockstep.last
 
 
-def _own_pace_random_slow_steps(n, seed, seconds=10.0):
+def _own_pace_random_slow_steps(n, seed, seconds=10.0, partner=False):
     """Seconds until the policy, in force in the straggler mode, proposes another mode (None: none in
     ``seconds``), and the proposal: a quarter of each rank's steps 4x slow (a coin per step and rank), each rank
-    stepping at its own pace after a 30 ms exchange; the policy has auto's 10 s window."""
+    stepping at its own pace after a 30 ms exchange; the policy has auto's 10 s window.  ``partner``: each step
+    also waits for a partner's step, as a P-Reduce group waits for its slowest member (the partner's slow steps
+    lengthen this rank's period, not its compute samples)."""
     rng = random.Random(seed)
     policy = make(n, window=10.0)
     policy.current_mode = STRAGGLER_MODE
@@ -209,19 +211,35 @@ def _own_pace_random_slow_steps(n, seed, seconds=10.0):
     def device_step():
         return 0.064 * (4 if rng.random() < 0.25 else 1) * rng.uniform(0.95, 1.05)
 
+    def step_time(own):
+        return max(own, device_step()) if partner else own
+
     compute = [device_step() for _ in range(n)]
-    ends = list(compute)
+    ends = [step_time(c) for c in compute]
     for k in range(int(seconds * 100)):
         t = k * 0.01
         for r in range(n):
             if t >= ends[r]:  # the step ended: its sample; the next one starts after the exchange
                 policy.add(r, ends[r], compute[r])
                 compute[r] = device_step()
-                ends[r] += 0.03 * rng.uniform(0.9, 1.1) + compute[r]
+                ends[r] += 0.03 * rng.uniform(0.9, 1.1) + step_time(compute[r])
         proposal = policy.evaluate(t, policy.current_mode)
         if proposal is not None:
             return t, proposal
     return None, policy.last
+
+
+def _time_to_leave_the_straggler_mode(partner, seconds=10.0):
+    """(jobs undecided at ``seconds``, median seconds to propose eager-solo) over 1000 seeded jobs of 4-8 ranks."""
+    times, undecided = [], []
+    for n in range(4, 9):
+        for seed in range(200):
+            t, proposal = _own_pace_random_slow_steps(n, seed, seconds, partner=partner)
+            if t is None or proposal[0] != RANDOM_MODE:
+                undecided.append((n, seed, proposal))
+            else:
+                times.append(t)
+    return undecided, statistics.median(times)
 
 
 def test_random_slow_steps_at_each_ranks_own_pace_leave_the_straggler_mode_for_the_random_one():
@@ -230,13 +248,21 @@ def test_random_slow_steps_at_each_ranks_own_pace_leave_the_straggler_mode_for_t
     straggler class it started in for the random one within 10 s in each of 1000 seeded jobs of 4-8 ranks, in 3 s
     at the median.  Reading the period alone, 13 of these jobs were still in the straggler class at 10 s, and the
     median was 3.6 s.  A fixed set of seeds, so the test reads the same every time."""
-    times = []
-    for n in range(4, 9):
-        for seed in range(200):
-            t, proposal = _own_pace_random_slow_steps(n, seed)
-            assert t is not None and proposal[0] == RANDOM_MODE, (n, seed, proposal)
-            times.append(t)
-    assert statistics.median(times) < 3.0, statistics.median(times)
+    undecided, median = _time_to_leave_the_straggler_mode(partner=False)
+    assert not undecided, undecided[:3]
+    assert median < 3.0, median
+
+
+def test_random_slow_steps_waited_for_in_groups_leave_the_straggler_mode_for_the_random_one():
+    """The same jobs, each step also waiting for a partner's (P-Reduce's groups, where auto starts).  The partners'
+    slow steps lengthen a rank's period by a third or more by chance, and in a small window two ranks' medians can
+    be slow: the period test takes the straggler's entry ratio even while a straggler is in force, and *typical* is
+    the median of all samples pooled, not of the ranks' medians.  Every job proposes eager-solo within 15 s, in
+    3.0 s at the median; with the exit ratio and the median of medians, 3.5 s (and 6 jobs undecided at 10 s,
+    against 3 now: 8 ranks, one of whose medians stayed slow by chance)."""
+    undecided, median = _time_to_leave_the_straggler_mode(partner=True, seconds=15.0)
+    assert not undecided, undecided[:3]
+    assert median < 3.25, median
 
 
 def _one_slow_rank_at_a_time(n, rng):

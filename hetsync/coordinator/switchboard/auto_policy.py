@@ -12,11 +12,15 @@ dilute one slow iteration among a fast rank's many, and random slowdowns were re
 **Classes** (README "sync='auto'"), over the samples of the last ``window`` seconds, every rank having at least
 ``min_samples``:
 
-* m_r = the median sample of rank r; *typical* = the median of the m_r (the usual worker's iteration).  A rank
-  without any sample in the window (idle after stopping, finished) is left out.
+* m_r = the median sample of rank r; *typical* = the median of all ranks' samples pooled (the usual iteration:
+  the median of the m_r let two ranks whose small windows held many slow samples by chance raise it, and the slow
+  samples then fell below the random test's cut).  A rank without any sample in the window (idle after stopping,
+  finished) is left out.
 * **straggler**: some rank has m_r >= ``straggler_ratio`` x typical (1.5): it is slow most of the time; or, with
   compute samples that look even, some rank's *step period* (its seconds between steps, from its own sample times)
-  is >= ``straggler_ratio`` x the typical period, and so is its period less its mean compute sample.  A CPU quota
+  is >= ``straggler_ratio`` x the typical period, and so is its period less its mean compute sample, at the entry
+  ratio even while a straggler is in force (a group mode's waits for partners' random slow steps lengthen
+  periods by a third by chance, which the exit ratio read as a straggler).  A CPU quota
   freezes a slow node anywhere in its step, waits included, so its compute samples can look like everyone's while
   it takes a fraction of the others' steps; a period made long by slow compute samples alone is random slowness; in
   a lockstep mode every rank has the same period and the compute samples decide alone.
@@ -35,7 +39,8 @@ dilute one slow iteration among a fast rank's many, and random slowdowns were re
 * **homogeneous**: none of these.
 
 **Hysteresis**: the class in force (from the start, the class whose candidate auto started in) is left only when
-its own test fails by a margin -- a straggler stays one while m_r >= ``straggler_exit`` x typical (1.25), random or
+its own test fails by a margin -- a straggler stays one while m_r >= ``straggler_exit`` x typical (1.25) (a long
+step period takes ``straggler_ratio`` in any case), random or
 throttled slowdowns stay while the slow fraction >= ``random_exit`` (3%), and between random and throttled the
 share of CPU-starved slow samples must pass ``starved_share`` by 0.15 -- and a new class must be seen in every
 evaluation for ``settle`` seconds (2) before it is acted on; switches are at least ``min_interval`` seconds apart
@@ -54,8 +59,8 @@ ripples-smart in the same repeat.  Each value is a mode name or ``(mode, options
 
 **Start** (``start``, a class, default "straggler"): auto trains in that class's candidate until the policy has
 seen enough to decide.  Starting in the straggler mode loses nothing while the job is measured when one rank is
-slow; the straggler class is then in force, so the job moves to allreduce once no rank's median iteration or step
-period is ``straggler_exit`` x typical for ``settle`` seconds.  The former
+slow; the straggler class is then in force, so the job moves to allreduce once no rank's median iteration is
+``straggler_exit`` x typical, nor its step period ``straggler_ratio`` x typical, for ``settle`` seconds.  The former
 start, ``start="homogeneous"``, trains at Horovod's pace until a straggler is recognised.
 """
 import logging
@@ -146,7 +151,7 @@ class AutoPolicy:
         if len(active) < 2 or min(counts[r] for r in active) < self.s["min_samples"]:
             return None, f"too few samples (per rank {counts}, need {self.s['min_samples']})"
         medians = {r: statistics.median(c for _, c, _ in self.samples[r]) for r in active}
-        typical = statistics.median(medians.values())
+        typical = statistics.median(c for r in active for _, c, _ in self.samples[r])  # see the module docstring
         if typical <= 0:
             return None, "no compute time measured"
         ratio = self.s["straggler_exit"] if self.state == "straggler" else self.s["straggler_ratio"]
@@ -159,8 +164,9 @@ class AutoPolicy:
             usual = statistics.median(periods.values())
             away = {r: p - statistics.fmean(c for _, c, _ in self.samples[r]) for r, p in periods.items()}
             usual_away = statistics.median(away.values())
+            cut = self.s["straggler_ratio"]
             slow = [r for r, p in periods.items()
-                    if usual > 0 and p >= ratio * usual and away[r] >= ratio * max(usual_away, 0.0)]
+                    if usual > 0 and p >= cut * usual and away[r] >= cut * max(usual_away, 0.0)]
             if slow:
                 parts = ", ".join(f"rank {r} {periods[r] * 1e3:.1f} ms ({periods[r] / usual:.1f}x)" for r in slow)
                 return "straggler", f"step period {parts} vs typical {usual * 1e3:.1f} ms"
