@@ -151,7 +151,8 @@ class AutoPolicy:
         if len(active) < 2 or min(counts[r] for r in active) < self.s["min_samples"]:
             return None, f"too few samples (per rank {counts}, need {self.s['min_samples']})"
         medians = {r: statistics.median(c for _, c, _ in self.samples[r]) for r in active}
-        typical = statistics.median(c for r in active for _, c, _ in self.samples[r])  # see the module docstring
+        pooled = [c for r in active for _, c, _ in self.samples[r]]
+        typical = statistics.median(pooled)  # of all samples, not of the m_r: see the module docstring
         if typical <= 0:
             return None, "no compute time measured"
         ratio = self.s["straggler_exit"] if self.state == "straggler" else self.s["straggler_ratio"]
@@ -171,7 +172,6 @@ class AutoPolicy:
                 parts = ", ".join(f"rank {r} {periods[r] * 1e3:.1f} ms ({periods[r] / usual:.1f}x)" for r in slow)
                 return "straggler", f"step period {parts} vs typical {usual * 1e3:.1f} ms"
         threshold = self.s["slow_sample_ratio"] * typical
-        pooled = [c for r in active for _, c, _ in self.samples[r]]
         fraction = sum(c >= threshold for c in pooled) / len(pooled)
         needed = self.s["random_exit"] if self.state in ("random", "throttled") else self.s["random_fraction"]
         detail = (f"{fraction:.0%} of {len(pooled)} iterations >= {self.s['slow_sample_ratio']:g}x typical "
