@@ -99,11 +99,12 @@ def build_model():
 
 class EpochEnds(tf.keras.callbacks.Callback):
     """Records this rank's fit duration (its own clock) and, at each epoch end, the job's Keras steps since fit began
-    (the job's step count goes on across fits in one process)."""
+    (the job's step count goes on across fits in one process) and this rank's train steps so far (its optimizer's
+    iterations: a rank that stopped early takes none while it steps along)."""
 
     def __init__(self):
         super().__init__()
-        self.positions, self.fit_s, self.t0, self.start = [], None, None, 0
+        self.positions, self.iterations, self.fit_s, self.t0, self.start = [], [], None, None, 0
 
     def on_train_begin(self, logs=None):
         self.t0 = time.monotonic()
@@ -111,6 +112,7 @@ class EpochEnds(tf.keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self.positions.append(hetsync.training.position() - self.start)
+        self.iterations.append(int(self.model.optimizer.iterations.numpy()))
 
     def on_train_end(self, logs=None):
         self.fit_s = time.monotonic() - self.t0
@@ -301,7 +303,8 @@ def train(args):
         "rank": rank, "sync": args.sync, "loss": float(loss), "accuracy": float(acc), "avg_loss": avg_loss,
         "val_loss": [float(v) for v in history.history.get("val_loss", [])],
         "epochs_run": epochs_run, "steps_per_epoch": steps, "train_time_s": train_time,
-        "fit_time_s": ends.fit_s, "epoch_end_positions": ends.positions, "first_batch_s": first.seconds,
+        "fit_time_s": ends.fit_s, "epoch_end_positions": ends.positions,
+        "epoch_end_iterations": ends.iterations, "first_batch_s": first.seconds,
         "target_reached_s": target.reached_s if target else None, "target_epoch": target.epoch if target else None,
         "iterations": int(model.optimizer.iterations.numpy()), "weights_checksum": checksum,
         "switches": [(h["from"], h["to"], h["position"]) for h in hetsync.switch_history(model)],

@@ -158,6 +158,12 @@ def test_ranks_stopping_on_their_own_clocks(mode, consensus, dropin_job):
         assert len(set(steps)) == 1, steps
     else:
         # job epochs: rank 2, which never stops, takes over the stopped ranks' share: more train steps than its own
-        # 24 - 3 * 2 = 18 per epoch over the epochs and the refit; ranks 0 and 1 stopped early and trained less
+        # 24 - 3 * 2 = 18 per epoch over the epochs and the refit ...
         assert steps[2] > (CLOCK_EPOCHS + 1) * 18, steps
-        assert steps[1] < steps[2] and steps[0] < steps[2], steps
+        # ... while a stopped rank steps along without training: no train step after the epoch of its stop (rank 0's
+        # budget falls in the 1st epoch, rank 3's in the 2nd, rank 1's EarlyStopping at the 2nd's end), and rank 2
+        # trained in the 3rd epoch, alone.  (How many steps each rank took before its stop follows the machine's
+        # timing, in own-pace modes and ESync's rounds alike: not compared.)
+        iters = [s["epoch_end_iterations"] for s in runs]
+        assert iters[0][0] == iters[0][-1] and iters[1][1] == iters[1][2] and iters[3][1] == iters[3][2], iters
+        assert iters[2][2] > iters[2][1], iters
