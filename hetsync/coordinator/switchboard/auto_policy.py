@@ -12,40 +12,48 @@ dilute one slow iteration among a fast rank's many, and random slowdowns were re
 **Classes** (README "sync='auto'"), over the samples of the last ``window`` seconds, every rank having at least
 ``min_samples``:
 
-* m_r = the median sample of rank r; *typical* = the median of all ranks' samples pooled (the usual iteration:
-  the median of the m_r let two ranks whose small windows held many slow samples by chance raise it, and the slow
-  samples then fell below the random test's cut).  A rank without any sample in the window (idle after stopping,
-  finished) is left out.
-* **straggler**: some rank has m_r >= ``straggler_ratio`` x typical (1.5): it is slow most of the time; or, with
-  compute samples that look even, some rank's *step period* (its seconds between steps, from its own sample times)
-  is >= ``straggler_ratio`` x the typical period, and so is its period less its mean compute sample, at the entry
-  ratio even while a straggler is in force (a group mode's waits for partners' random slow steps lengthen
-  periods by a third by chance, which the exit ratio read as a straggler).  A CPU quota
-  freezes a slow node anywhere in its step, waits included, so its compute samples can look like everyone's while
-  it takes a fraction of the others' steps; a period made long by slow compute samples alone is random slowness; in
-  a lockstep mode every rank has the same period and the compute samples decide alone.
+* m_r = the lower quartile of rank r's samples (the sample a quarter of the way up, no interpolation), or, while a
+  straggler is in force, their median (see Hysteresis); *typical* = the median of all ranks' samples pooled (the
+  usual iteration: the median of the ranks' medians let two ranks whose small windows held many slow samples by
+  chance raise it, and the slow samples then fell below the random test's cut).  A rank without any sample in the
+  window (idle after stopping, finished) is left out.
+* **straggler**: some rank has m_r >= ``straggler_ratio`` x typical (1.5): it is slow in three iterations of four.
+  (With the median, a rank whose window held slightly more than half slow samples by chance -- a quarter of steps 4x
+  slow, on every rank, 25-30 samples a window -- read as a straggler now and then, and moved a job out of eager-SGD
+  for a few steps, a switch each way; in 500 seeded simulated jobs of 30 s, 23 did, against none with the
+  quartile.)  Or, with compute samples that look even, some rank's *step period* (its seconds between steps, from
+  its own sample times) is >= ``straggler_ratio`` x the typical period, and so is its period less its mean compute
+  sample, at the entry ratio even while a straggler is in force (a group mode's waits for partners' random slow
+  steps lengthen periods by a third by chance, which the exit ratio read as a straggler).  A CPU quota freezes a
+  slow node anywhere in its step, waits included, so its compute samples can look like everyone's while it takes a
+  fraction of the others' steps; a period made long by slow compute samples alone is random slowness; in a lockstep
+  mode every rank has the same period and the compute samples decide alone.
 * **random**: no straggler, but at least ``random_fraction`` (6%) of all samples are >= ``slow_sample_ratio`` x
   typical (2.5): slowdowns come and go, on any rank, and they leave the CPU alone (a GPU shared with another job,
-  variable input lengths).
+  variable input lengths).  At least ``MIN_SLOW`` (8) slow samples are needed to call them random or throttled
+  (fewer: undecided): in a CPU-quota job's first second two slow samples of twelve, neither starved, read as random.
 * **throttled**: the same random slowdowns, but CPU-starved: in at least ``starved_share`` (30%) of the slow samples
   step's *run-delay rate* (seconds the rank's threads were runnable but not running -- CFS throttling by a CPU
-  quota, other jobs on the node; hetsync/training/run_delay.py -- per second of the step) is at least 0.25 above
-  the rank's usual rate (its median).  A sleep or a device wait adds none of its own; under a quota, polling
-  threads accrue run-delay at a steady rate whatever the step does, hence "above the usual rate".  Measured with
+  quota, other jobs on the node; hetsync/training/run_delay.py -- per second of the step) is at least 0.25 above the
+  rank's usual rate (its median).  A sleep or a device wait adds none of its own; under a quota, polling threads
+  accrue run-delay at a steady rate whatever the step does, hence "above the usual rate".  Measured with
   ``HETSYNC_LOG_LEVEL=DEBUG`` (one job each): 0-11% of the slow samples starved with random slow GPU steps
   (emulated, every rank at a 0.45-core quota), 50-59% with a random rank throttled to 0.09 of a core for 4 s in 8.
-  Samples without run-delay (not measured) count for neither, and with none measured the slowdowns are "random",
-  as the papers read them.
+  Samples without run-delay (not measured) count for neither, and with none measured the slowdowns are "random", as
+  the papers read them.
 * **homogeneous**: none of these.
 
-**Hysteresis**: the class in force (from the start, the class whose candidate auto started in) is left only when
-its own test fails by a margin -- a straggler stays one while m_r >= ``straggler_exit`` x typical (1.25) (a long
-step period takes ``straggler_ratio`` in any case), random or
-throttled slowdowns stay while the slow fraction >= ``random_exit`` (3%), and between random and throttled the
-share of CPU-starved slow samples must pass ``starved_share`` by 0.15 -- and a new class must be seen in every
-evaluation for ``settle`` seconds (2) before it is acted on; switches are at least ``min_interval`` seconds apart
-(10).  Evaluations run at most every 0.25 s; each change of the class seen is logged (DEBUG,
-"hetsync.switching.auto", on rank 0) with its evidence.
+**Hysteresis**: the class in force (from the start, the class whose candidate auto started in) is left only when its
+own test fails by a margin -- a straggler stays one while its *median* m_r >= ``straggler_exit`` x typical (1.25),
+slow in half its iterations (with the quartile, a straggler that recovered left the class while a third of its
+window was still slow, and those samples read as random slowdowns while they drained from the window; a long step
+period takes ``straggler_ratio`` in any case), random or throttled slowdowns stay while the slow fraction >=
+``random_exit`` (3%), and between random and throttled the share of CPU-starved slow samples must pass
+``starved_share`` by 0.15 -- and a new class must be seen in every evaluation for ``settle`` seconds (2) before it
+is acted on; switches are at least ``min_interval`` seconds apart (10).  Evaluations run at most every 0.25 s,
+except that an undecided one (too few samples) is repeated at the next report: reports come in bursts, one per rank
+every ``report_every`` steps, and the burst's last report is the one that completes the window; each change of the
+class seen is logged (DEBUG, "hetsync.switching.auto", on rank 0) with its evidence.
 
 **Modes** (``candidates``): homogeneous -> "allreduce" (nothing to hide, nothing beats Horovod), straggler ->
 "ripples-smart" (the fast ranks P-Reduce among themselves while the slow one computes: the highest median speedup
@@ -88,7 +96,15 @@ SETTINGS = {
 }
 DEFAULTS = defaults(SETTINGS)
 EVALUATE_EVERY_S = 0.25
+MIN_SLOW = 8             # slow samples needed before slowdowns are called random or throttled
 log = logging.getLogger("hetsync.switching.auto")
+
+
+def _lower_quartile(xs):
+    """The sample a quarter of the way up ``xs`` (no interpolation: with slow samples 4x the others, an interpolated
+    quartile of a small window lands between the two and reads as 1.5x-2x)."""
+    xs = sorted(xs)
+    return xs[(len(xs) - 1) // 4]
 
 
 def normalize_candidates(candidates):
@@ -150,16 +166,19 @@ class AutoPolicy:
         active = [r for r, n in enumerate(counts) if n > 0]
         if len(active) < 2 or min(counts[r] for r in active) < self.s["min_samples"]:
             return None, f"too few samples (per rank {counts}, need {self.s['min_samples']})"
-        medians = {r: statistics.median(c for _, c, _ in self.samples[r]) for r in active}
+        staying = self.state == "straggler"  # hysteresis: the median to stay, the lower quartile to enter
+        statistic = statistics.median if staying else _lower_quartile
+        per_rank = {r: statistic([c for _, c, _ in self.samples[r]]) for r in active}
         pooled = [c for r in active for _, c, _ in self.samples[r]]
         typical = statistics.median(pooled)  # of all samples, not of the m_r: see the module docstring
         if typical <= 0:
             return None, "no compute time measured"
-        ratio = self.s["straggler_exit"] if self.state == "straggler" else self.s["straggler_ratio"]
-        slow = [r for r, m in medians.items() if m >= ratio * typical]
+        ratio = self.s["straggler_exit"] if staying else self.s["straggler_ratio"]
+        slow = [r for r, m in per_rank.items() if m >= ratio * typical]
         if slow:
-            parts = ", ".join(f"rank {r} {medians[r] * 1e3:.1f} ms ({medians[r] / typical:.1f}x)" for r in slow)
-            return "straggler", f"median iteration {parts} vs typical {typical * 1e3:.1f} ms"
+            parts = ", ".join(f"rank {r} {per_rank[r] * 1e3:.1f} ms ({per_rank[r] / typical:.1f}x)" for r in slow)
+            name = "median" if staying else "lower-quartile"
+            return "straggler", f"{name} iteration {parts} vs typical {typical * 1e3:.1f} ms"
         periods = self._periods(active)
         if periods:
             usual = statistics.median(periods.values())
@@ -172,12 +191,15 @@ class AutoPolicy:
                 parts = ", ".join(f"rank {r} {periods[r] * 1e3:.1f} ms ({periods[r] / usual:.1f}x)" for r in slow)
                 return "straggler", f"step period {parts} vs typical {usual * 1e3:.1f} ms"
         threshold = self.s["slow_sample_ratio"] * typical
-        fraction = sum(c >= threshold for c in pooled) / len(pooled)
+        slow_n = sum(c >= threshold for c in pooled)
+        fraction = slow_n / len(pooled)
         needed = self.s["random_exit"] if self.state in ("random", "throttled") else self.s["random_fraction"]
         detail = (f"{fraction:.0%} of {len(pooled)} iterations >= {self.s['slow_sample_ratio']:g}x typical "
-                  f"{typical * 1e3:.1f} ms; slowest rank median {max(medians.values()) / typical:.2f}x")
+                  f"{typical * 1e3:.1f} ms; slowest rank {max(per_rank.values()) / typical:.2f}x")
         if fraction < needed:
             return "homogeneous", detail
+        if slow_n < MIN_SLOW:
+            return None, f"{detail}; too few slow iterations to tell random from throttled ({slow_n}, need {MIN_SLOW})"
         return self._starved_or_not(active, threshold, detail)
 
     def _starved_or_not(self, active, threshold, detail):
@@ -227,7 +249,8 @@ class AutoPolicy:
 
     def evaluate(self, now, current_mode):
         """None, or (mode, options, evidence) to switch to."""
-        if self.last_evaluation is not None and now - self.last_evaluation < EVALUATE_EVERY_S:
+        recent = self.last_evaluation is not None and now - self.last_evaluation < EVALUATE_EVERY_S
+        if recent and self.last is not None and self.last[0] is not None:
             return None
         self.last_evaluation = now
         if self.state is None:  # the class whose mode auto started in is the class in force: its hysteresis holds
