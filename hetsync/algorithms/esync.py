@@ -48,6 +48,7 @@ from hetsync import _runtime
 from hetsync.algorithms import register
 from hetsync.algorithms._wrap import wrap_post_update
 from hetsync.algorithms.base import SyncAlgorithm
+from hetsync.algorithms.esync_aggregation import Aggregation
 from hetsync.algorithms.esync_snapshot import restore, snapshot
 from hetsync.algorithms.options import Option, TIMEOUT
 
@@ -101,7 +102,7 @@ class ESync(SyncAlgorithm):
         self._tested, self.aborted = False, 0  # batch test done for this State Server; iterations aborted (§4.2)
         self._job_steps = 0
         self._fresh, self._exhausted, self._idle = True, False, False
-        self._aggregate_fn, self._globals, self._built_for = None, None, None
+        self._aggregation, self._built_for = None, None
         self.steps_per_round, self.blocking_s = [], []
         self._iteration_s = [0.0, 0]  # sum and count of local iteration times (mean capability)
         self._round_iterations = []   # compute seconds of each local iteration of the last round
@@ -109,20 +110,14 @@ class ESync(SyncAlgorithm):
 
     def _build(self, model):
         """w_t variables and the compiled aggregation, once per model."""
-        if self.model is model and self._aggregate_fn is not None and self._built_for is model:
+        if self.model is model and self._aggregation is not None and self._built_for is model:
             return
         self._built_for = model
         self.model = model
         trainable = self.shared(model.trainable_variables)
         ids = {id(v) for v in model.trainable_variables}
         others = [v for v in self.shared(model.variables) if v.dtype.is_floating and id(v) not in ids]
-        with tf.init_scope():
-            self._globals = [tf.Variable(v.read_value(), trainable=False, name="hetsync_esync_w_t")
-                             for v in trainable]
-        self._trainable, self._others = trainable, others
-        # (graph code with an explicit tf.cond: without AutoGraph, which would convert Horovod's allreduce function
-        # by function on a process's first trace)
-        self._aggregate_fn = tf.function(self._aggregate, autograph=False)
+        self._aggregation = Aggregation(trainable, others, self.scope, self.compression, self.options["global_lr"])
 
     # -- one Keras step = one round -----------------------------------------------------------------------------
     def run_step(self, train_function, iterator):
@@ -260,7 +255,7 @@ class ESync(SyncAlgorithm):
 
     def _start_fit(self):
         """First step of a fit: w_t <- the average of the workers' models (one Horovod allreduce)."""
-        self._aggregate_fn(tf.constant(1.0), True, tf.constant(0.0))
+        self._aggregation.fn(tf.constant(1.0), True, tf.constant(0.0))
         self._fresh = False
         self._t_e = time.monotonic()
 
@@ -293,10 +288,10 @@ class ESync(SyncAlgorithm):
             self._roll_call()
         if self._fresh:  # the model was built by this round's first iteration: w_t <- the workers' average now
             self._build(self.model)
-            trained, job_steps = self._aggregate_fn(tf.constant(1.0), True, tf.constant(float(steps)))
+            trained, job_steps = self._aggregation.fn(tf.constant(1.0), True, tf.constant(float(steps)))
             self._fresh = False
         else:
-            trained, job_steps = self._aggregate_fn(tf.constant(active), False, tf.constant(float(steps)))
+            trained, job_steps = self._aggregation.fn(tf.constant(active), False, tf.constant(float(steps)))
         self._job_steps = int(round(float(job_steps)))
         now = time.monotonic()
         if active:
@@ -321,55 +316,17 @@ class ESync(SyncAlgorithm):
     def _metric_logs(self):
         return {m.name: m.result() for m in self.model.metrics}
 
-    # -- the aggregation (compiled) ---------------------------------------------------------------------------
-    def _aggregate(self, active, start, steps):
-        """Eqs. 6-8 in one Horovod allreduce; ``start``: w_t <- mean of the models instead (a fit's first step).
-        The same allreduce sums the workers' local iterations (``steps``): the job's train steps in the round.
-        Returns (workers that trained, the job's train steps)."""
-        import horovod.tensorflow as hvd
-
-        trainable, others, globals_ = self._trainable, self._others, self._globals
-        if start:
-            parts = [v.read_value() for v in trainable]
-        else:
-            parts = [(v.read_value() - w.read_value()) * tf.cast(active, v.dtype)
-                     for v, w in zip(trainable, globals_)]
-        parts += [v.read_value() * tf.cast(active, v.dtype) for v in others]
-        flat = tf.concat([tf.reshape(tf.cast(p, tf.float32), [-1]) for p in parts]
-                         + [tf.reshape(tf.cast(active, tf.float32), [1]), tf.reshape(steps, [1])], 0)
-        total = hvd.allreduce(flat, op=hvd.Sum, name=f"{self.scope}.{'start' if start else 'delta'}",
-                              compression=hvd.Compression.none if start else self.compression)
-        count, job_steps = total[-2], total[-1]
-        sizes = [p.shape.num_elements() for p in parts]
-        pieces = tf.split(total[:-2], sizes)
-        eps = float(self.options["global_lr"])
-        mean = [tf.reshape(p, v.shape) / tf.maximum(count, 1.0) for p, v in zip(pieces, trainable + others)]
-        for v, w, m in zip(trainable, globals_, mean):
-            new = tf.cast(m, v.dtype) if start else w.read_value() + tf.cast(eps * m, v.dtype)
-            w.assign(new)
-            v.assign(new)
-
-        def take_others():  # (no worker trained: the non-trainable variables keep their values)
-            for v, m in zip(others, mean[len(trainable):]):
-                v.assign(tf.cast(m, v.dtype))
-            return tf.constant(True)
-
-        if others:
-            tf.cond(count > 0, take_others, lambda: tf.constant(False))
-        return count, job_steps
-
     # -- training layer / sync points ---------------------------------------------------------------------------------
     def on_consensus_end(self, finished):
         """The models were averaged (identical already after a round): w_t follows them."""
-        if self._globals is not None:
-            for w, v in zip(self._globals, self._trainable):
-                w.assign(v)
+        if self._aggregation is not None:
+            self._aggregation.follow_models()
 
     def pretrace(self, model, iterator):
         """The aggregation (a fit's first round, and every later one), traced before a switch needs it."""
         self._build(model)
         for start in (True, False):
-            self._aggregate_fn.get_concrete_function(tf.constant(1.0), start, tf.constant(0.0))
+            self._aggregation.fn.get_concrete_function(tf.constant(1.0), start, tf.constant(0.0))
 
     def activate(self):
         """ESync is entered (first use, or a live switch back): a fresh State Server (collective), and the next

@@ -51,7 +51,7 @@ class Traced(tf.keras.callbacks.Callback):
             family = hetsync.marks.family_of(self.model.optimizer)
             esync = [e for e in family.entries.values() if e.mode == "esync"][0]
             self.counts = (esync.train_function.experimental_get_tracing_count(),
-                           esync.algorithm._aggregate_fn.experimental_get_tracing_count())
+                           esync.algorithm._aggregation.fn.experimental_get_tracing_count())
 
 
 def main():
@@ -105,7 +105,7 @@ def main():
     esync = [e for e in family.entries.values() if e.mode == "esync"][0]
     assert traced.counts == (1, 2), f"before the first switch, esync's step/aggregation traced {traced.counts}"
     assert esync.train_function.experimental_get_tracing_count() == 1, "esync's train step traced again"
-    assert esync.algorithm._aggregate_fn.experimental_get_tracing_count() == 2, "esync's aggregation traced again"
+    assert esync.algorithm._aggregation.fn.experimental_get_tracing_count() == 2, "esync's aggregation traced again"
     final = model.evaluate(x_test, y_test, verbose=0)[0]
     assert final < 0.5, f"loss {final:.3f}"
     print(f"OK rank={rank}", flush=True)

@@ -65,23 +65,23 @@ class Lockstep(tf.keras.callbacks.Callback):
 
 def check_aggregation(algo, model, rounds):
     """Wraps the compiled aggregation: gathers w_local of every rank before it, compares after it with numpy."""
-    inner = algo._aggregate_fn
+    inner = algo._aggregation.fn
 
     def aggregate(active, start, steps):
         if start:
             return inner(active, start, steps)
-        w_t = np.concatenate([w.numpy().ravel() for w in algo._globals])
+        w_t = np.concatenate([w.numpy().ravel() for w in algo._aggregation.globals])
         local = hvd.allgather(tf.constant(np.concatenate(
-            [v.numpy().ravel() for v in algo._trainable])[None, :])).numpy()
+            [v.numpy().ravel() for v in algo._aggregation.trainable])[None, :])).numpy()
         out = inner(active, start, steps)
         expected = w_t + EPS * (local - w_t[None, :]).mean(axis=0)
-        got = np.concatenate([v.numpy().ravel() for v in algo._trainable])
+        got = np.concatenate([v.numpy().ravel() for v in algo._aggregation.trainable])
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
         assert not np.array_equal(local[0], local[SLOW]), "fast and slow ranks trained the same"
         rounds.append(1)
         return out
 
-    algo._aggregate_fn = aggregate
+    algo._aggregation.fn = aggregate
 
 
 def main():
@@ -122,7 +122,7 @@ class InFlight(hetsync.training.hooks.TrainStepCallback):
 
 
 def wrap_in_flight(algo, hook):
-    inner = algo._aggregate_fn
+    inner = algo._aggregation.fn
 
     def aggregate(active, start, steps):
         if not start:
@@ -132,7 +132,7 @@ def wrap_in_flight(algo, hook):
             hook.started = True
         return inner(active, start, steps)
 
-    algo._aggregate_fn = aggregate
+    algo._aggregation.fn = aggregate
 
 
 def spy_first_query(algo, hook):
