@@ -293,7 +293,7 @@ def _random_slow_steps_in_the_random_mode(n, seed, seconds):
 def test_random_slow_steps_keep_the_random_mode_a_rank_is_a_straggler_only_when_slow_in_three_steps_of_four():
     """A rank whose 10 s window holds slightly more than half slow steps by chance is not a straggler: its lower
     quartile, not its median, must be 1.5x the typical iteration.  None of 500 seeded jobs of 4-8 ranks leaves
-    eager-solo in 30 s; with the median, 23 did (each a switch to ripples-smart and, later, one back).  A fixed set
+    eager-solo in 30 s; with the median, 23 did (each a switch to ripples-smart).  A fixed set
     of seeds, so the test reads the same every time."""
     left = [(n, seed, t, proposal[2]) for n in range(4, 9) for seed in range(100)
             for t, proposal in [_random_slow_steps_in_the_random_mode(n, seed, 30.0)] if t is not None]

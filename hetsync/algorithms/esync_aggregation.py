@@ -8,7 +8,7 @@ import tensorflow as tf
 
 
 class Aggregation:
-    """w_t (``globals_``) and the variables a round exchanges, and the compiled aggregation of one model."""
+    """w_t (``globals``), the variables a round exchanges, and the compiled aggregation of one model."""
 
     def __init__(self, trainable, others, name, compression, global_lr):
         self.trainable, self.others = list(trainable), list(others)
