@@ -168,8 +168,9 @@ class AutoPolicy:
             return None, f"too few samples (per rank {counts}, need {self.s['min_samples']})"
         staying = self.state == "straggler"  # hysteresis: the median to stay, the lower quartile to enter
         statistic = statistics.median if staying else _lower_quartile
-        per_rank = {r: statistic([c for _, c, _ in self.samples[r]]) for r in active}
-        pooled = [c for r in active for _, c, _ in self.samples[r]]
+        computes = {r: [c for _, c, _ in self.samples[r]] for r in active}  # each rank's, read once
+        per_rank = {r: statistic(cs) for r, cs in computes.items()}
+        pooled = [c for cs in computes.values() for c in cs]
         typical = statistics.median(pooled)  # of all samples, not of the m_r: see the module docstring
         if typical <= 0:
             return None, "no compute time measured"
@@ -182,7 +183,7 @@ class AutoPolicy:
         periods = self._periods(active)
         if periods:
             usual = statistics.median(periods.values())
-            away = {r: p - statistics.fmean(c for _, c, _ in self.samples[r]) for r, p in periods.items()}
+            away = {r: p - statistics.fmean(computes[r]) for r, p in periods.items()}
             usual_away = statistics.median(away.values())
             cut = self.s["straggler_ratio"]
             slow = [r for r, p in periods.items()
