@@ -10,7 +10,7 @@
 Each run launches ``horovodrun --mpi -np N benchmarks/in_cgroup.sh python benchmarks/keras_example.py --sync M``:
 each rank in its own cgroup whose CPU quota makes it the node the scenario says (benchmarks/quota.py), the real
 model, nothing emulated -- except in the sleep-emulated scenarios (``EMULATED``: ``slow-gpu``, ``random-gpu``,
-``random-gpu-sgd``), which add a GPU's device time as a sleep per sample inside each training step (a slow GPU's
+``random-gpu-sgd``, ``random-gpu-long``), which add a GPU's device time as a sleep per sample inside each training step (a slow GPU's
 longer, or random slow steps), at equal quotas.  ``2-hosts`` runs across
 the emulated hosts of scripts/cluster.sh, each host's cgroup holding its ranks.  ``horovod`` is plain
 ``hvd.DistributedOptimizer`` with no hetsync import; ``allreduce``
@@ -88,6 +88,11 @@ SCENARIOS = {
                      what=f"one slow GPU, emulated: every training step sleeps {DEVICE_MS} ms per sample (rank 3: "
                           "5x that), equal CPU quotas"),
     "random-gpu": dict(quotas=[FAST] * 4, device=_RANDOM_GPU, what=_RANDOM_WHAT + ", equal CPU quotas"),
+    # the same job twice as long, each repeat with its own seed (draws, data split, initial weights), every mode of
+    # a repeat with that repeat's: what a switch costs once is spread over more epochs, and the repeats differ in
+    # the slow steps they meet, not only in the machine's pace
+    "random-gpu-long": dict(quotas=[FAST] * 4, device=_RANDOM_GPU, epochs=6, seed_per_repeat=True,
+                            what=_RANDOM_WHAT + ", equal CPU quotas, 6 epochs, each repeat seeded with its number"),
     # the same with plain SGD (momentum 0.9) for Adam: a rule that scales the averaged gradient scales the step
     "random-gpu-sgd": dict(quotas=[FAST] * 4, device=_RANDOM_GPU, args=["--optimizer", "sgd"],
                            what=_RANDOM_WHAT + ", equal CPU quotas, SGD with momentum 0.9 instead of Adam"),
@@ -181,8 +186,11 @@ def run_one(scenario, token, repeat, args, quotas, out):
     mode, options = variant(token)
     n = len(spec["quotas"])
     work = tempfile.mkdtemp(prefix="hetsync-bench-")
-    script = [sys.executable, os.path.join(HERE, "keras_example.py"), "--sync", mode, "--epochs", str(args.epochs),
+    epochs = spec.get("epochs", args.epochs)
+    script = [sys.executable, os.path.join(HERE, "keras_example.py"), "--sync", mode, "--epochs", str(epochs),
               "--steps", str(args.steps), "--out", work, *spec.get("args", [])]
+    if spec.get("seed_per_repeat"):
+        script += ["--seed", str(repeat)]
     env = dict(os.environ, **MPI_ENV, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     if "hosts" in spec:  # Open MPI across the emulated hosts, whose cgroups (cluster.sh up --cpu) hold the quotas
         cmd = launcher(n, ",".join(f"{h}:{k}" for h, k in spec["hosts"].items()), env) + script
@@ -226,7 +234,7 @@ def run_one(scenario, token, repeat, args, quotas, out):
               "options": options,
               "settings": settings(mode, options),
               "repeat": repeat, "commit": commit(),
-              "epochs": args.epochs, "steps": args.steps,
+              "epochs": epochs, "steps": args.steps,
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "command": " ".join(cmd), "machine": machine(), "quotas": spec["quotas"],
               "device": spec.get("device"), "hosts": spec.get("hosts"),
@@ -269,7 +277,7 @@ def main(argv=None):
                    help="let --first-repeat name repeats that stored runs already hold (each new run replaces the "
                         "stored one of its mode; re-run every mode of the repeat, Horovod included, or the "
                         "pairing is lost)")
-    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=3, help="epochs per job (a scenario that sets its own keeps it)")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--job-timeout", type=float, default=900)
     p.add_argument("--thread-cpu", action="store_true",
