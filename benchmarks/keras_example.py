@@ -16,11 +16,18 @@ accelerator's device time, per sample of the batch, longer on a slow rank (``--d
 ``--device-random P,F``, F times longer at a random P of each rank's steps (seeded: a shared GPU, variable input
 lengths), with every rank at the same CPU quota.
 
-Clocks (each rank's own ``time.monotonic``; nothing is compared across ranks): ``train_s`` runs from fit's
-``on_train_begin`` to its ``on_train_end`` (``fit`` itself may return much later: tf.data's autotuning can hold a
-rank at the end of fit), the same instant for every mode.  Rank 0 evaluates its own model on the held-out set every
-``--eval-every`` of its batches and at the end; ``curve`` holds (seconds since on_train_begin, accuracy, loss), so
-the time to a target accuracy is read off it.  Each rank writes ``rank<R>.json`` under ``--out``.
+Clocks (each rank's own ``time.monotonic``; nothing is compared across ranks): every rank meets the others in one
+Horovod allreduce just before ``fit`` (``clock`` "common-start" in its record), and ``train_s`` runs from there to
+fit's ``on_train_end`` (``fit`` itself may return much later: tf.data's autotuning can hold a rank at the end of
+fit).  The start is the same point of the job for every mode: what a mode does before Keras' ``on_train_begin`` (the
+training layer's gather and broadcast, building the mode) is in its time, and no mode's time holds the ranks'
+different start-up (imports, the model built under a slow node's quota).  Runs stored before this clock
+(``clock`` absent) timed from ``on_train_begin``: plain Horovod's first step then waited out the ranks' start-up
+skew, while hetsync's training layer had waited it out in its gather before ``on_train_begin``
+(docs/benchmarks.md, "The clock").  ``fit_begin_s`` is the time from the start to ``on_train_begin``.  Rank 0
+evaluates its own model on the held-out set every ``--eval-every`` of its batches and at the end; ``curve`` holds
+(seconds since the start, accuracy, loss), so the time to a target accuracy is read off it.  Each rank writes
+``rank<R>.json`` under ``--out``.
 """
 import argparse
 import json
@@ -117,11 +124,15 @@ class Clock(tf.keras.callbacks.Callback):
     def __init__(self, x_test, y_test, eval_every, evaluate):
         super().__init__()
         self.x_test, self.y_test, self.eval_every, self.evaluate = x_test, y_test, eval_every, evaluate
-        self.t0 = self.train_s = None
+        self.t0 = self.train_s = self.fit_begin_s = None
         self.batches, self.curve, self.epoch_ends = 0, [], []
 
-    def on_train_begin(self, logs=None):
+    def start(self):
+        """The clock's zero: after the allreduce every rank makes just before fit (see the module docstring)."""
         self.t0 = time.monotonic()
+
+    def on_train_begin(self, logs=None):
+        self.fit_begin_s = time.monotonic() - self.t0
 
     def on_train_batch_end(self, batch, logs=None):
         self.batches += 1
@@ -180,6 +191,8 @@ def main(argv=None):
                                                           verbose=0),
                  PeriodicAllreduce(args.allreduce_every), clock]
     fit = model.fit if plain else (lambda *a, **k: hetsync.keras.fit(model, *a, **k))
+    hvd.allreduce(tf.constant(0.0), name="benchmark.start")  # the clock's zero, the same point for every mode
+    clock.start()
     began = time.monotonic()
     fit(dataset, steps_per_epoch=args.steps, epochs=args.epochs, callbacks=callbacks, verbose=0)
     fit_s = time.monotonic() - began
@@ -189,7 +202,8 @@ def main(argv=None):
     switches = [] if plain else [{k: h[k] for k in ("position", "from", "to", "reason", "seconds")}
                                  for h in hetsync.switch_history(model)]
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
-        json.dump({"rank": rank, "size": size, "sync": args.sync, "train_s": clock.train_s, "fit_s": fit_s,
+        json.dump({"rank": rank, "size": size, "sync": args.sync, "clock": "common-start", "train_s": clock.train_s,
+                   "fit_begin_s": clock.fit_begin_s, "fit_s": fit_s,
                    "batches": clock.batches, "curve": clock.curve,
                    "epoch_ends": clock.epoch_ends, "switches": switches}, f)
     print(f"rank {rank}: {args.sync} train {clock.train_s:.1f} s, fit {fit_s:.1f} s, {clock.batches} batches"

@@ -65,8 +65,24 @@ def load(results=os.path.join(HERE, "results")):
     return runs
 
 
+COMMON_START = "common-start"  # keras_example.py's clock: zero after an allreduce every rank makes just before fit
+
+
+def common_start(rec):
+    """Whether the run was timed from the common start (keras_example.py); runs stored before it timed from Keras'
+    ``on_train_begin``, where plain Horovod's time held the ranks' start-up skew and hetsync's did not."""
+    r0 = rec["ranks"][0] if rec.get("ranks") else None
+    return bool(r0) and r0.get("clock") == COMMON_START
+
+
+def timed_alike(repeats):
+    """The runs of one mode that a table reads: those timed from the common start when it has any, else all."""
+    fair = {k: r for k, r in repeats.items() if common_start(r)}
+    return fair or repeats
+
+
 def time_to(curve, target):
-    """Seconds since on_train_begin of the first point whose accuracy is at least ``target`` (None: never)."""
+    """Seconds since the run's clock zero of the first point whose accuracy is at least ``target`` (None: never)."""
     return next((t for t, accuracy, _ in curve if accuracy >= target), None)
 
 
@@ -94,13 +110,16 @@ def spread(values, fmt):
 
 def summary(modes, target=TARGET, baseline=BASELINE):
     """Per mode: the columns' values, each a list over the repeats that both it and the baseline completed (the
-    speedups: the baseline's time over the mode's, repeat by repeat)."""
+    speedups: the baseline's time over the mode's, repeat by repeat, both runs on the same clock).  A mode with runs
+    timed from the common start is read from those alone (``timed_alike``); ``common_start`` says which clock."""
     base = modes.get(baseline, {})
     rows = {}
     for mode, repeats in modes.items():
+        repeats = timed_alike(repeats)
         done = {k: r for k, r in repeats.items() if ok(r)}
         row = {"runs": len(done), "failed": len(repeats) - len(done), "train": [], "speedup": [], "ttt": [],
-               "ttt_speedup": [], "steady": [], "steady_speedup": [], "accuracy": [], "wall": []}
+               "ttt_speedup": [], "steady": [], "steady_speedup": [], "accuracy": [], "wall": [],
+               "common_start": any(common_start(r) for r in done.values())}
         for k, rec in sorted(done.items()):
             r0 = rec["ranks"][0]
             row["train"].append(r0["train_s"])
@@ -109,7 +128,7 @@ def summary(modes, target=TARGET, baseline=BASELINE):
             ttt, steady = time_to(r0["curve"], target), after_first_epoch(r0)
             row["ttt"].append(ttt)
             row["steady"].append(steady)
-            if k in base and ok(base[k]):
+            if k in base and ok(base[k]) and common_start(base[k]) == common_start(rec):
                 b0 = base[k]["ranks"][0]
                 row["speedup"].append(b0["train_s"] / r0["train_s"])
                 b_ttt, b_steady = time_to(b0["curve"], target), after_first_epoch(b0)

@@ -63,6 +63,30 @@ def test_speedups_pair_each_repeat_with_horovods_and_failed_runs_are_named(tmp_p
     assert "| epochs 2-3, s |" in text, text
 
 
+def test_runs_timed_from_the_common_start_replace_a_modes_earlier_runs_and_pair_only_with_their_own_clock(tmp_path):
+    """Runs stored before the benchmark's common start (keras_example.py) timed from on_train_begin, where plain
+    Horovod's time held the ranks' start-up and hetsync's did not.  A mode with runs on the common start is read from
+    those alone; a speedup never pairs runs of two clocks; a row still on the old clock says so."""
+    day = tmp_path / "2026-01-01"
+    day.mkdir()
+    fair = [_record("horovod", 3, 80.0, [(40.0, 0.95, 0.2)]), _record("esync", 3, 40.0, [(20.0, 0.95, 0.2)]),
+            _record("esync", 4, 30.0, [(10.0, 0.95, 0.2)])]  # esync 4 has no Horovod run of its clock
+    for rec in fair:
+        rec["ranks"][0]["clock"] = stored.COMMON_START
+    old = [_record("horovod", 1, 100.0, [(50.0, 0.95, 0.2)]), _record("esync", 1, 25.0, [(20.0, 0.95, 0.2)]),
+           _record("hop", 1, 50.0, [(20.0, 0.95, 0.2)]), _record("hop", 3, 40.0, [(20.0, 0.95, 0.2)])]
+    for rec in fair + old:
+        (day / f"{rec['mode']}-{rec['repeat']}.json").write_text(json.dumps(rec))
+    loaded = stored.load(str(tmp_path))
+    rows = stored.summary(loaded["s"], target=0.9)
+    assert rows["esync"]["train"] == [40.0, 30.0] and rows["esync"]["speedup"] == [2.0]  # not 100/25, not 80/30
+    assert rows["horovod"]["train"] == [80.0] and rows["horovod"]["common_start"]
+    assert rows["hop"]["speedup"] == [2.0] and not rows["hop"]["common_start"]  # 100/50: hop 3 meets no old Horovod
+    text = tables.table("s", loaded["s"], target=0.9)
+    assert "| `hop` (on_train_begin) |" in text and "| `esync` |" in text, text
+    assert "but for the rows marked (on_train_begin)" in text, text
+
+
 def test_a_scenario_run_on_two_machines_says_which_runs_ran_where(tmp_path):
     """Training seconds of different machines must not pass as one machine's: the header names each machine with
     its runs, and a scenario of one machine names only that one."""
