@@ -3,7 +3,7 @@
 import re
 import statistics
 
-from stored import BASELINE, TARGET, spread, summary
+from stored import BASELINE, TARGET, common_start, spread, summary
 
 FIGURE = re.compile(r"<!-- fig: (?P<spec>[^>]*?) -->(?P<body>(?:(?!<!--).)*?)<!-- /fig -->", re.S)
 FORMATS = {"train": "{:.1f} s", "steady": "{:.1f} s", "ttt": "{:.1f} s", "wall": "{:.0f} s", "accuracy": "{:.3f}",
@@ -14,9 +14,9 @@ def figure(spec, runs, target=TARGET):
 
     COLUMN is one of :func:`summary`'s (``train``, ``steady``, ``ttt``, ``wall``, ``accuracy``, or a speedup:
     ``speedup``, ``steady_speedup``, ``ttt_speedup``); a speedup is against plain Horovod of the same repeat, or
-    against ``vs=MODE``; ``runs=A-B`` keeps repeats A..B; S is ``spread`` (median and range, the default),
-    ``median``, ``range``, ``each`` (every run, in repeat order), ``min`` or ``max``.  A spec naming anything not
-    stored raises, so a page cannot keep a figure whose runs are gone."""
+    against ``vs=MODE`` in the repeats both ran on one clock; ``runs=A-B`` keeps repeats A..B; S is ``spread``
+    (median and range, the default), ``median``, ``range``, ``each`` (every run, in repeat order), ``min`` or
+    ``max``.  A spec naming anything not stored raises, so a page cannot keep a figure whose runs are gone."""
     words = spec.split()
     if len(words) < 3:
         raise ValueError(f"figure {spec!r}: needs SCENARIO MODE COLUMN")
@@ -31,6 +31,11 @@ def figure(spec, runs, target=TARGET):
     if "runs" in opts:
         first, _, last = opts["runs"].partition("-")
         keep = range(int(first), int(last or first) + 1)
+        modes = {m: {k: r for k, r in reps.items() if k in keep} for m, reps in modes.items()}
+    if "vs" in opts:  # two modes compared: the repeats both ran on one clock, the common start's if any
+        base, own = modes.get(opts["vs"], {}), modes.get(mode, {})
+        both = [k for k in base if k in own and common_start(base[k]) == common_start(own[k])]
+        keep = set([k for k in both if common_start(base[k])] or both)
         modes = {m: {k: r for k, r in reps.items() if k in keep} for m, reps in modes.items()}
     rows = summary(modes, target, baseline=opts.get("vs", BASELINE))
     values = [v for v in rows.get(mode, {}).get(column, []) if v is not None]

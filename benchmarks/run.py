@@ -10,8 +10,8 @@
 Each run launches ``horovodrun --mpi -np N benchmarks/in_cgroup.sh python benchmarks/keras_example.py --sync M``:
 each rank in its own cgroup whose CPU quota makes it the node the scenario says (benchmarks/quota.py), the real
 model, nothing emulated -- except in the sleep-emulated scenarios (``EMULATED``: ``slow-gpu``, ``random-gpu``,
-``random-gpu-sgd``, ``random-gpu-long``), which add a GPU's device time as a sleep per sample inside each training step (a slow GPU's
-longer, or random slow steps), at equal quotas.  ``2-hosts`` runs across
+``random-gpu-sgd``, ``random-gpu-long``), which add a GPU's device time as a sleep per sample inside each training
+step (a slow GPU's longer, or random slow steps), at equal quotas.  ``2-hosts`` runs across
 the emulated hosts of scripts/cluster.sh, each host's cgroup holding its ranks.  ``horovod`` is plain
 ``hvd.DistributedOptimizer`` with no hetsync import; ``allreduce``
 is hetsync's synchronous mode, so its overhead is a row of its own.  The modes of one repeat run one after another

@@ -192,7 +192,8 @@ def modes_table(modes, runs, target=TARGET):
                 continue
             r = rows[mode]
             clock = "" if r["common_start"] else " (on_train_begin)"
-            lines.append(f"| {name} | `{mode}`{clock} | {_cells(r, 'speedup', 'steady_speedup', 'ttt_speedup', 'accuracy')} "
+            cells = _cells(r, "speedup", "steady_speedup", "ttt_speedup", "accuracy")
+            lines.append(f"| {name} | `{mode}`{clock} | {cells} "
                          f"| {spread(base, FORMATS['accuracy'])} | {r['runs']} |")
     if len(lines) == 4:
         return f"No stored run of {', '.join(f'`{m}`' for m in modes)} yet.\n"

@@ -85,6 +85,8 @@ def test_runs_timed_from_the_common_start_replace_a_modes_earlier_runs_and_pair_
     text = tables.table("s", loaded["s"], target=0.9)
     assert "| `hop` (on_train_begin) |" in text and "| `esync` |" in text, text
     assert "but for the rows marked (on_train_begin)" in text, text
+    # a figure against another mode reads the repeats both ran on one clock: esync's run 1 against hop's (not 3)
+    assert figures.figure("s esync speedup vs=hop stat=each", loaded, target=0.9) == "2.00x"
 
 
 def test_a_scenario_run_on_two_machines_says_which_runs_ran_where(tmp_path):
