@@ -30,7 +30,7 @@ import sys
 
 from figures import FIGURE, FORMATS, figure
 from stored import (BASELINE, TARGET, after_first_epoch, former_default, load, ok, runs_label, spread, summary,
-                    token_parts)
+                    timed_alike, token_parts)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -155,7 +155,7 @@ def _switches(modes):
     in."""
     out = []
     for mode in sorted(modes):
-        for k, rec in sorted(modes[mode].items()):
+        for k, rec in sorted(timed_alike(modes[mode]).items()):  # the runs the mode's row reads
             r0 = rec["ranks"][0] if ok(rec) else None
             if r0 is None or "switches" not in r0 or (mode != "auto" and not r0["switches"]):
                 continue
