@@ -43,6 +43,7 @@ THREADS = re.compile(r"(<!-- bench-threads: (?P<folder>[A-Za-z0-9._-]+) -->\n)(?
                      re.S)
 RULES = re.compile(r"(<!-- bench-rules: (?P<scenario>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- /bench-rules -->)", re.S)
 OWN_THREADS = ("main", "hetsync-engine")  # named threads; everything else of the rank's process is "other"
+OLD_CLOCK = " (on_train_begin)"  # after a row's name: its runs predate the common start (_clock)
 
 
 def _machines(modes):
@@ -86,7 +87,7 @@ def table(scenario, modes, target=TARGET):
         if r["failed"]:
             name += f" ({r['failed']} failed)"
         if not r["common_start"] and any(row["common_start"] for row in rows.values()):
-            name += " (on_train_begin)"
+            name += OLD_CLOCK
         lines.append(f"| {name} | {_cells(r, 'train', 'speedup', 'steady', 'steady_speedup', 'ttt', 'ttt_speedup')} "
                      f"| {_cells(r, 'accuracy', 'wall')} | {r['runs']} |")
     return "\n".join(lines + _switches(modes)) + "\n"
@@ -191,7 +192,7 @@ def modes_table(modes, runs, target=TARGET):
             if mode not in rows:
                 continue
             r = rows[mode]
-            clock = "" if r["common_start"] else " (on_train_begin)"
+            clock = "" if r["common_start"] else OLD_CLOCK
             cells = _cells(r, "speedup", "steady_speedup", "ttt_speedup", "accuracy")
             lines.append(f"| {name} | `{mode}`{clock} | {cells} "
                          f"| {spread(base, FORMATS['accuracy'])} | {r['runs']} |")
