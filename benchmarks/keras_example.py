@@ -70,6 +70,8 @@ def parse(argv=None):
                    help="P,F: at a random P of its training steps (seeded per rank) a rank's device time is F times "
                         "longer")
     p.add_argument("--out", required=True, help="directory for rank<R>.json")
+    p.add_argument("--started-file", default="",
+                   help="rank 0 creates this file when training time starts (the driver's quota changes count from it)")
     return p.parse_args(argv)
 
 
@@ -193,6 +195,8 @@ def main(argv=None):
     fit = model.fit if plain else (lambda *a, **k: hetsync.keras.fit(model, *a, **k))
     hvd.allreduce(tf.constant(0.0), name="benchmark.start")  # the clock's zero, the same point for every mode
     clock.start()
+    if rank == 0 and args.started_file:
+        open(args.started_file, "w").close()
     began = time.monotonic()
     fit(dataset, steps_per_epoch=args.steps, epochs=args.epochs, callbacks=callbacks, verbose=0)
     fit_s = time.monotonic() - began

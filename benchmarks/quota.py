@@ -73,16 +73,34 @@ class Quotas:
 
 
 class Schedule(threading.Thread):
-    """Applies ``changes`` -- (seconds after start, rank, quota) -- to ``quotas`` on the driver's clock while a job
-    runs (a node whose share changes mid-run, transient slowdowns).  ``stop()`` ends it early."""
+    """Applies ``changes`` -- (seconds after the zero, rank, quota) -- to ``quotas`` on the driver's clock while a job
+    runs (a node whose share changes mid-run, transient slowdowns).  ``stop()`` ends it early.
 
-    def __init__(self, quotas, changes):
+    The zero is the job's launch, or with ``zero_file`` the moment that file appears: the training's start
+    (benchmarks/keras_example.py ``--started-file``, written right after its common-start allreduce).  Counted from
+    the launch, a change meant for mid-training lands wherever each mode's start-up left it (a fast mode had
+    finished before a node's share changed at 30 s, a slow one met it in its first epoch).  The driver only sees
+    the file appear: no clock of the job's is read."""
+
+    POLL_S = 0.05
+
+    def __init__(self, quotas, changes, zero_file=None):
         super().__init__(daemon=True)
         self.quotas, self.changes, self._halt = quotas, sorted(changes), threading.Event()
+        self.zero_file = zero_file
         self.applied = []
 
+    def _zero(self):
+        """time.monotonic() of the zero, or None when stopped before it came."""
+        while self.zero_file is not None and not os.path.exists(self.zero_file):
+            if self._halt.wait(self.POLL_S):
+                return None
+        return time.monotonic()
+
     def run(self):
-        began = time.monotonic()
+        began = self._zero()
+        if began is None:
+            return
         for at, rank, quota in self.changes:
             if self._halt.wait(max(0.0, at - (time.monotonic() - began))):
                 return

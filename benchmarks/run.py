@@ -18,7 +18,8 @@ is hetsync's synchronous mode, so its overhead is a row of its own.  The modes o
 before the next repeat begins, so a drift of the machine spreads over all of them.
 
 One JSON per run goes to ``--out`` (default ``benchmarks/results/<date>/``): the scenario, mode, repeat, commit,
-command, machine, quotas (and the quota changes as applied), the HOROVOD_* variables the job ran with (Horovod's
+command, machine, quotas (and the quota changes as applied, in seconds after the launch or, for a scenario whose
+changes count from the training's start, after that), the HOROVOD_* variables the job ran with (Horovod's
 tuning knobs, such as HOROVOD_CYCLE_TIME), the job's wall time (launch to exit, the driver's
 clock) and every rank's own record (training time from fit's on_train_begin to on_train_end, fit's return, train
 steps, rank 0's accuracy curve); with ``--thread-cpu``, each rank's CPU seconds per thread.  benchmarks/tables.py
@@ -75,6 +76,10 @@ SCENARIOS = {
     "speeds-1-2-3-5": dict(quotas=[FAST, FAST / 2, FAST / 3, FAST / 5], what="speeds 1 : 1/2 : 1/3 : 1/5"),
     "shared-node": dict(quotas=[FAST] * 4, changes=[(30.0, 3, SLOW), (60.0, 3, FAST)],
                         what="rank 3's node is shared from 30 s to 60 s after launch (a fifth of its CPU)"),
+    # the same share change, counted from the training's start (the common-start allreduce), so that it lands
+    # mid-run in every mode: from launch, the modes' start-ups (seconds apart) decided how much of it a job met
+    "shared-mid-run": dict(quotas=[FAST] * 4, changes=[(8.0, 3, SLOW), (24.0, 3, FAST)], changes_from="start",
+                           what="rank 3's node is shared from 8 s to 24 s after training starts (a fifth of its CPU)"),
     "transient": dict(quotas=[FAST] * 4, changes=_transient(4),
                       what="every 8 s a random rank runs at a fifth of its CPU for 4 s"),
     "homogeneous": dict(quotas=[FAST] * 4, what="four equal ranks"),
@@ -191,6 +196,10 @@ def run_one(scenario, token, repeat, args, quotas, out):
               "--steps", str(args.steps), "--out", work, *spec.get("args", [])]
     if spec.get("seed_per_repeat"):
         script += ["--seed", str(repeat)]
+    zero_file = None
+    if spec.get("changes_from") == "start":  # the quota changes count from the training's start (quota.Schedule)
+        zero_file = os.path.join(work, "started")
+        script += ["--started-file", zero_file]
     env = dict(os.environ, **MPI_ENV, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     if "hosts" in spec:  # Open MPI across the emulated hosts, whose cgroups (cluster.sh up --cpu) hold the quotas
         cmd = launcher(n, ",".join(f"{h}:{k}" for h, k in spec["hosts"].items()), env) + script
@@ -210,7 +219,7 @@ def run_one(scenario, token, repeat, args, quotas, out):
     if quotas is not None:
         env["HETSYNC_BENCH_CGROUP"] = quotas.path
         quotas.set(spec["quotas"])
-    schedule = Schedule(quotas, spec.get("changes", []))
+    schedule = Schedule(quotas, spec.get("changes", []), zero_file)
     began = time.monotonic()
     schedule.start()
     timed_out = False
@@ -238,7 +247,8 @@ def run_one(scenario, token, repeat, args, quotas, out):
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "command": " ".join(cmd), "machine": machine(), "quotas": spec["quotas"],
               "device": spec.get("device"), "hosts": spec.get("hosts"),
-              "quota_changes": schedule.applied, "returncode": proc.returncode, "timed_out": timed_out,
+              "quota_changes": schedule.applied, "quota_changes_from": "training start" if zero_file else "launch",
+              "returncode": proc.returncode, "timed_out": timed_out,
               "job_wall_s": round(wall, 2),
               "horovod_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("HOROVOD_")},
               "ranks": ranks}
