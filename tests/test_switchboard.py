@@ -174,14 +174,18 @@ def test_persistent_straggler_is_named_and_switched_to_the_straggler_mode(n, fac
     assert t >= 1.0  # settle: the class held for 1 s first
 
 
-@settings(max_examples=40, deadline=None)
-@given(n=st.integers(3, 8), factor=st.floats(2.0, 6.0), seed=st.integers(0, 1000))
-def test_a_rank_taking_fewer_steps_at_its_own_pace_is_a_straggler_whatever_its_compute_samples(n, factor, seed):
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(2, 8), factor=st.floats(2.0, 6.0), seed=st.integers(0, 1000), data=st.data())
+def test_ranks_taking_fewer_steps_at_their_own_pace_are_stragglers_whatever_their_compute_samples(n, factor, seed,
+                                                                                              data):
     """A CPU quota freezes a slow node anywhere in its step, so in an own-pace mode its compute samples can look
-    like everyone's while it takes ``factor`` times fewer steps: the step period names it.  Lockstep (the same
-    period everywhere, the same compute) stays homogeneous: the period alone never makes a straggler."""
+    like everyone's while it takes ``factor`` times fewer steps: the step period names it -- also when up to half
+    the ranks are slow (a throttled host of two hosts), each named.  Compared with the median period of all ranks,
+    two slow ranks of four met a median halfway between the hosts, and a host 2.5x slower read as 1.4x: even.
+    Lockstep (the same period everywhere, the same compute) stays homogeneous: the period alone never makes a
+    straggler."""
     rng = random.Random(seed)
-    slow = rng.randrange(n)
+    slow = set(rng.sample(range(n), data.draw(st.integers(1, n // 2), label="slow ranks")))
     policy = make(n)
     policy.current_mode = STRAGGLER_MODE  # auto's default start: the own-pace straggler candidate
     t, next_step = 0.0, [0.0] * n
@@ -189,10 +193,12 @@ def test_a_rank_taking_fewer_steps_at_its_own_pace_is_a_straggler_whatever_its_c
         for r in range(n):
             if t >= next_step[r]:
                 policy.add(r, t, 0.02 * rng.uniform(0.9, 1.1))
-                next_step[r] = t + 0.05 * (factor if r == slow else 1) * rng.uniform(0.95, 1.05)
+                next_step[r] = t + 0.05 * (factor if r in slow else 1) * rng.uniform(0.95, 1.05)
         assert policy.evaluate(t, policy.current_mode) is None  # in the straggler mode already: it stays
         t += 0.01
-    assert policy.last[0] == "straggler" and f"step period rank {slow} " in policy.last[1], policy.last
+    assert policy.last[0] == "straggler", policy.last
+    assert all(f"rank {r} " in policy.last[1] for r in slow), (slow, policy.last)
+    assert not any(f"rank {r} " in policy.last[1] for r in set(range(n)) - slow), (slow, policy.last)
     lockstep = make(n)
     proposal, _ = feed(lockstep, n, 12.0, lambda r, t: 0.02 * rng.uniform(0.9, 1.1))
     assert proposal is None and lockstep.last[0] == "homogeneous", lockstep.last

@@ -22,12 +22,13 @@ dilute one slow iteration among a fast rank's many, and random slowdowns were re
   slow, on every rank, 25-30 samples a window -- read as a straggler now and then, and moved a job out of eager-SGD
   for a few steps, a switch each way; in 500 seeded simulated jobs of 30 s, 23 did, against none with the
   quartile.)  Or, with compute samples that look even, some rank's *step period* (its seconds between steps, from
-  its own sample times) is >= ``straggler_ratio`` x the typical period, and so is its period less its mean compute
-  sample, at the entry ratio even while a straggler is in force (a group mode's waits for partners' random slow
-  steps lengthen periods by a third by chance, which the exit ratio read as a straggler).  A CPU quota freezes a
-  slow node anywhere in its step, waits included, so its compute samples can look like everyone's while it takes a
-  fraction of the others' steps; a period made long by slow compute samples alone is random slowness; in a lockstep
-  mode every rank has the same period and the compute samples decide alone.
+  its own sample times) is >= ``straggler_ratio`` x the median period of the other ranks (of all ranks, it let a
+  throttled host of two read as even: half the ranks slow put the median between the hosts), and so is its period
+  less its mean compute sample, at the entry ratio even while a straggler is in force (a group mode's waits for
+  partners' random slow steps lengthen periods by a third by chance, which the exit ratio read as a straggler).  A
+  CPU quota freezes a slow node anywhere in its step, waits included, so its compute samples can look like
+  everyone's while it takes a fraction of the others' steps; a period made long by slow compute samples alone is
+  random slowness; in a lockstep mode every rank has the same period and the compute samples decide alone.
 * **random**: no straggler, but at least ``random_fraction`` (6%) of all samples are >= ``slow_sample_ratio`` x
   typical (2.5): slowdowns come and go, on any rank, and they leave the CPU alone (a GPU shared with another job,
   variable input lengths).  At least ``MIN_SLOW`` (8) slow samples are needed to call them random or throttled
@@ -68,8 +69,8 @@ ripples-smart in the same repeat.  Each value is a mode name or ``(mode, options
 **Start** (``start``, a class, default "straggler"): auto trains in that class's candidate until the policy has
 seen enough to decide.  Starting in the straggler mode loses nothing while the job is measured when one rank is
 slow; the straggler class is then in force, so the job moves to allreduce once no rank's median iteration is
-``straggler_exit`` x typical, nor its step period ``straggler_ratio`` x typical, for ``settle`` seconds.  The former
-start, ``start="homogeneous"``, trains at Horovod's pace until a straggler is recognised.
+``straggler_exit`` x typical, nor its step period ``straggler_ratio`` x the other ranks', for ``settle`` seconds.
+The former start, ``start="homogeneous"``, trains at Horovod's pace until a straggler is recognised.
 """
 import logging
 import statistics
@@ -105,6 +106,13 @@ def _lower_quartile(xs):
     quartile of a small window lands between the two and reads as 1.5x-2x)."""
     xs = sorted(xs)
     return xs[(len(xs) - 1) // 4]
+
+
+def _others_median(values, rank):
+    """The median of ``values`` (a dict by rank) over every rank but ``rank``: what the rest of the job does.  With
+    the median of all ranks, a throttled host of two (two slow ranks of four) met a median halfway between the
+    hosts' step periods, and a host 2.5x slower than the other read as 1.4x, under the cut."""
+    return statistics.median(v for r, v in values.items() if r != rank)
 
 
 def normalize_candidates(candidates):
@@ -182,21 +190,23 @@ class AutoPolicy:
             return "straggler", f"{name} iteration {parts} vs typical {typical * 1e3:.1f} ms"
         periods = self._periods(active)
         if periods:
-            usual = statistics.median(periods.values())
             away = {r: p - statistics.fmean(computes[r]) for r, p in periods.items()}
-            usual_away = statistics.median(away.values())
+            usual = {r: _others_median(periods, r) for r in periods}
             cut = self.s["straggler_ratio"]
             slow = [r for r, p in periods.items()
-                    if usual > 0 and p >= cut * usual and away[r] >= cut * max(usual_away, 0.0)]
+                    if usual[r] > 0 and p >= cut * usual[r] and away[r] >= cut * max(_others_median(away, r), 0.0)]
             if slow:
-                parts = ", ".join(f"rank {r} {periods[r] * 1e3:.1f} ms ({periods[r] / usual:.1f}x)" for r in slow)
-                return "straggler", f"step period {parts} vs typical {usual * 1e3:.1f} ms"
+                parts = ", ".join(f"rank {r} {periods[r] * 1e3:.1f} ms ({periods[r] / usual[r]:.1f}x the others' "
+                                  f"{usual[r] * 1e3:.1f} ms)" for r in slow)
+                return "straggler", f"step period {parts}"
         threshold = self.s["slow_sample_ratio"] * typical
         slow_n = sum(c >= threshold for c in pooled)
         fraction = slow_n / len(pooled)
         needed = self.s["random_exit"] if self.state in ("random", "throttled") else self.s["random_fraction"]
         detail = (f"{fraction:.0%} of {len(pooled)} iterations >= {self.s['slow_sample_ratio']:g}x typical "
                   f"{typical * 1e3:.1f} ms; slowest rank {max(per_rank.values()) / typical:.2f}x")
+        if periods:
+            detail += "; step periods " + ", ".join(f"{p * 1e3:.0f}" for _, p in sorted(periods.items())) + " ms"
         if fraction < needed:
             return "homogeneous", detail
         if slow_n < MIN_SLOW:
