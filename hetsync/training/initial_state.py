@@ -20,6 +20,8 @@ batch's end.
 """
 import logging
 
+import tensorflow as tf
+
 from hetsync.algorithms._wrap import optimizer_variables
 from hetsync.training import options
 
@@ -80,6 +82,18 @@ def broadcast_before_first_step(model, callback):
 def _broadcast(hvd, variables, root, what):
     """Each variable from ``root``, its collective named by position, not by the variable's name: a model or an
     optimizer loaded from a file names its variables differently from one built in the script (Keras' loaded Adam
-    slots are ``m/dense/kernel``, a built one's ``Adam/m/dense/kernel``), and Horovod pairs collectives by name."""
-    for i, v in enumerate(variables):
-        v.assign(hvd.broadcast(v.read_value(), root, name=f"hetsync.initial.{what}.{i}"))
+    slots are ``m/dense/kernel``, a built one's ``Adam/m/dense/kernel``), and Horovod pairs collectives by name.
+
+    All of them in one ``tf.function``, so that Horovod negotiates them in one cycle and fuses them: one eager
+    broadcast per variable waited for a negotiation each, and a rank at a twentieth of a core took about half a
+    second for each, 16 s for the benchmark model's 25 variables before the first step, while the others waited."""
+    if not variables:
+        return
+    names = [f"hetsync.initial.{what}.{i}" for i in range(len(variables))]
+
+    @tf.function(autograph=False)
+    def broadcast_all():
+        for v, name in zip(variables, names):
+            v.assign(hvd.broadcast(v.read_value(), root, name=name))
+
+    broadcast_all()
