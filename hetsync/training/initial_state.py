@@ -80,20 +80,25 @@ def broadcast_before_first_step(model, callback):
 
 
 def _broadcast(hvd, variables, root, what):
-    """Each variable from ``root``, its collective named by position, not by the variable's name: a model or an
-    optimizer loaded from a file names its variables differently from one built in the script (Keras' loaded Adam
-    slots are ``m/dense/kernel``, a built one's ``Adam/m/dense/kernel``), and Horovod pairs collectives by name.
+    """Each variable from ``root``, paired by position, not by the variable's name: a model or an optimizer loaded
+    from a file names its variables differently from one built in the script (Keras' loaded Adam slots are
+    ``m/dense/kernel``, a built one's ``Adam/m/dense/kernel``), and Horovod pairs collectives by name.
 
-    All of them in one ``tf.function``, so that Horovod negotiates them in one cycle and fuses them: one eager
-    broadcast per variable waited for a negotiation each, and a rank at a twentieth of a core took about half a
-    second for each, 16 s for the benchmark model's 25 variables before the first step, while the others waited."""
-    if not variables:
-        return
-    names = [f"hetsync.initial.{what}.{i}" for i in range(len(variables))]
-
-    @tf.function(autograph=False)
-    def broadcast_all():
-        for v, name in zip(variables, names):
-            v.assign(hvd.broadcast(v.read_value(), root, name=name))
-
-    broadcast_all()
+    The variables of one dtype go flattened into one tensor, one broadcast each.  One eager broadcast per variable
+    waited for a Horovod negotiation each: a rank at a twentieth of a core took 16 s for the benchmark model's 25
+    variables while the others waited, 8 s with all of them in one ``tf.function`` (its trace), under 3 s so
+    (8 ranks, ``benchmarks/run.py --scenarios 8-workers``, one job each).  A variable whose shape is not fully
+    known goes alone."""
+    groups, alone = {}, []
+    for v in variables:
+        if v.shape.is_fully_defined():
+            groups.setdefault(v.dtype.base_dtype, []).append(v)  # dtypes in order of first position: alike on all
+        else:
+            alone.append(v)
+    for dtype, group in groups.items():
+        flat = tf.concat([tf.reshape(v.read_value(), [-1]) for v in group], 0)
+        flat = hvd.broadcast(flat, root, name=f"hetsync.initial.{what}.{dtype.name}")
+        for v, part in zip(group, tf.split(flat, [v.shape.num_elements() for v in group])):
+            v.assign(tf.reshape(part, v.shape))
+    for i, v in enumerate(alone):
+        v.assign(hvd.broadcast(v.read_value(), root, name=f"hetsync.initial.{what}.alone.{i}"))
