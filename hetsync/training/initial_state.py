@@ -84,21 +84,17 @@ def _broadcast(hvd, variables, root, what):
     from a file names its variables differently from one built in the script (Keras' loaded Adam slots are
     ``m/dense/kernel``, a built one's ``Adam/m/dense/kernel``), and Horovod pairs collectives by name.
 
-    The variables of one dtype go flattened into one tensor, one broadcast each.  One eager broadcast per variable
+    The values of one dtype go flattened into one tensor, one broadcast each.  One eager broadcast per variable
     waited for a Horovod negotiation each: a rank at a twentieth of a core took 16 s for the benchmark model's 25
     variables while the others waited, 8 s with all of them in one ``tf.function`` (its trace), under 3 s so
-    (8 ranks, ``benchmarks/run.py --scenarios 8-workers``, one job each).  A variable whose shape is not fully
-    known goes alone."""
-    groups, alone = {}, []
-    for v in variables:
-        if v.shape.is_fully_defined():
-            groups.setdefault(v.dtype.base_dtype, []).append(v)  # dtypes in order of first position: alike on all
-        else:
-            alone.append(v)
-    for dtype, group in groups.items():
-        flat = tf.concat([tf.reshape(v.read_value(), [-1]) for v in group], 0)
+    (8 ranks, ``benchmarks/run.py --scenarios 8-workers``, one job each)."""
+    groups = {}
+    for v in variables:  # dtypes in order of first position: alike on every rank
+        value = v.read_value()
+        groups.setdefault(value.dtype, []).append((v, value))
+    for dtype, pairs in groups.items():
+        flat = tf.concat([tf.reshape(value, [-1]) for _, value in pairs], 0)
         flat = hvd.broadcast(flat, root, name=f"hetsync.initial.{what}.{dtype.name}")
-        for v, part in zip(group, tf.split(flat, [v.shape.num_elements() for v in group])):
-            v.assign(tf.reshape(part, v.shape))
-    for i, v in enumerate(alone):
-        v.assign(hvd.broadcast(v.read_value(), root, name=f"hetsync.initial.{what}.alone.{i}"))
+        parts = tf.split(flat, [value.shape.num_elements() for _, value in pairs])
+        for (v, value), part in zip(pairs, parts):
+            v.assign(tf.reshape(part, value.shape))
