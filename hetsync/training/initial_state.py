@@ -86,8 +86,8 @@ def _broadcast(hvd, variables, root, what):
 
     The values of one dtype go flattened into one tensor, one broadcast each.  One eager broadcast per variable
     waited for a Horovod negotiation each: a rank at a twentieth of a core took 16 s for the benchmark model's 25
-    variables while the others waited, 8 s with all of them in one ``tf.function`` (its trace), under 3 s so
-    (8 ranks, ``benchmarks/run.py --scenarios 8-workers``, one job each)."""
+    variables while the others waited, 8 s with all of them in one ``tf.function`` (its trace), and under 3 s
+    flattened (8 ranks, ``benchmarks/run.py --scenarios 8-workers``, one job each)."""
     groups = {}
     for v in variables:  # dtypes in order of first position: alike on every rank
         value = v.read_value()
