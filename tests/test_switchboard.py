@@ -456,10 +456,35 @@ def test_a_modes_first_steps_give_the_policy_no_sample():
 
 
 def test_ranks_without_samples_are_left_out():
-    """An idle rank (stopped early) sends no samples: the others are still classified."""
+    """An idle rank (stopped after its first second) sends no samples: the others are still classified."""
     policy = make(4)
-    proposal, _ = feed(policy, 4, 8.0, lambda r, t: None if r == 1 else 0.02 * (5 if r == 3 else 1))
+    proposal, _ = feed(policy, 4, 8.0, lambda r, t: None if r == 1 and t > 1.0 else 0.02 * (5 if r == 3 else 1))
     assert proposal is not None and proposal[0] == STRAGGLER_MODE and "rank 3 " in proposal[2], policy.last
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(2, 8), late=st.floats(3.0, 20.0), seed=st.integers(0, 1000), data=st.data())
+def test_ranks_yet_to_report_are_waited_for_not_left_out(n, late, seed, data):
+    """A throttled host's ranks trace their first step at a fraction of a core and report nothing for seconds.  Read
+    as idle, they were left out, the fast ranks alone looked even, and auto left its straggler candidate for
+    allreduce, where the job then ran at the slow host's pace.  Up to half the ranks start ``late`` seconds after
+    the others, then step at a third of their pace with compute samples like theirs: nothing is proposed before
+    they report, and from then the straggler class holds, naming them."""
+    rng = random.Random(seed)
+    slow = set(rng.sample(range(n), data.draw(st.integers(1, n // 2), label="late ranks")))
+    policy = make(n)
+    policy.current_mode = STRAGGLER_MODE
+    t, next_step = 0.0, [late if r in slow else 0.0 for r in range(n)]
+    while t < late + 8.0:
+        for r in range(n):
+            if t >= next_step[r]:
+                policy.add(r, t, 0.02 * rng.uniform(0.9, 1.1))
+                next_step[r] = t + 0.05 * (3 if r in slow else 1) * rng.uniform(0.95, 1.05)
+        assert policy.evaluate(t, policy.current_mode) is None, (t, policy.last)
+        if t < late:
+            assert policy.last[0] is None, (t, policy.last)
+        t += 0.01
+    assert policy.last[0] == "straggler" and all(f"rank {r} " in policy.last[1] for r in slow), policy.last
 
 
 def test_bad_settings_and_candidates_raise():

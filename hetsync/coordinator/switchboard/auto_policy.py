@@ -16,7 +16,9 @@ dilute one slow iteration among a fast rank's many, and random slowdowns were re
   straggler is in force, their median (see Hysteresis); *typical* = the median of all ranks' samples pooled (the
   usual iteration: the median of the ranks' medians let two ranks whose small windows held many slow samples by
   chance raise it, and the slow samples then fell below the random test's cut).  A rank without any sample in the
-  window (idle after stopping, finished) is left out.
+  window (idle after stopping, finished) is left out; until every rank has reported once, nothing is decided (a
+  throttled host's ranks, tracing their first step at a fraction of a core, sent nothing for the first window,
+  and a job of the fast ranks alone read as homogeneous and moved to allreduce at the slow host's pace).
 * **straggler**: some rank has m_r >= ``straggler_ratio`` x typical (1.5): it is slow in three iterations of four.
   (With the median, a rank whose window held slightly more than half slow samples by chance -- a quarter of steps 4x
   slow, on every rank, 25-30 samples a window -- read as a straggler now and then, and moved a job out of eager-SGD
@@ -147,6 +149,7 @@ class AutoPolicy:
         self.candidates = normalize_candidates(candidates)
         self.s = check_all("sync='auto'", SETTINGS, settings)
         self.samples = [[] for _ in range(self.size)]   # per rank: (time, compute s, run-delay rate or None)
+        self.reported = [False] * self.size  # ever: a rank that has not reported yet is starting, not idle
         self.state = None          # the class in force (from the first evaluation: the class of the mode in force)
         self.seen = None           # (class, since): the class every evaluation has returned since ``since``
         self.last_switch = None    # time of the last switch
@@ -158,6 +161,7 @@ class AutoPolicy:
         if 0 <= rank < self.size and compute_s >= 0:
             rate = float(run_delay) if run_delay is not None and run_delay >= 0 else None
             self.samples[rank].append((float(t), float(compute_s), rate))
+            self.reported[rank] = True
 
     def _trim(self, now):
         horizon = now - self.s["window"]
@@ -169,6 +173,9 @@ class AutoPolicy:
         """(class or None, evidence text) from the samples of the last window."""
         self._trim(now)
         counts = [len(xs) for xs in self.samples]
+        starting = [r for r, seen in enumerate(self.reported) if not seen]
+        if starting:  # its first steps (tracing, a throttled node's start) are still to come: nothing to compare
+            return None, f"no samples yet from rank(s) {starting}"
         # A rank with no sample in the window is not training (idle after its time budget, finished, away): it is
         # left out.  Every other rank needs min_samples, so a slow rank is waited for, not missed.
         active = [r for r, n in enumerate(counts) if n > 0]
@@ -205,6 +212,7 @@ class AutoPolicy:
         needed = self.s["random_exit"] if self.state in ("random", "throttled") else self.s["random_fraction"]
         detail = (f"{fraction:.0%} of {len(pooled)} iterations >= {self.s['slow_sample_ratio']:g}x typical "
                   f"{typical * 1e3:.1f} ms; slowest rank {max(per_rank.values()) / typical:.2f}x")
+        detail += f"; samples per rank {counts}"
         if periods:
             detail += "; step periods " + ", ".join(f"{p * 1e3:.0f}" for _, p in sorted(periods.items())) + " ms"
         if fraction < needed:
