@@ -174,6 +174,20 @@ def test_persistent_straggler_is_named_and_switched_to_the_straggler_mode(n, fac
     assert t >= 1.0  # settle: the class held for 1 s first
 
 
+def _own_pace(policy, rng, slow, factor, until, late=0.0):
+    """Ranks stepping at their own pace, compute samples alike (20 ms): a step every 50 ms, ``factor`` times that
+    for the ``slow`` ranks, which start ``late`` seconds after the others; yields each 10-ms tick's time after
+    feeding the policy that tick's samples."""
+    t, next_step = 0.0, [late if r in slow else 0.0 for r in range(policy.size)]
+    while t < until:
+        for r in range(policy.size):
+            if t >= next_step[r]:
+                policy.add(r, t, 0.02 * rng.uniform(0.9, 1.1))
+                next_step[r] = t + 0.05 * (factor if r in slow else 1) * rng.uniform(0.95, 1.05)
+        yield t
+        t += 0.01
+
+
 @settings(max_examples=60, deadline=None)
 @given(n=st.integers(2, 8), factor=st.floats(2.0, 6.0), seed=st.integers(0, 1000), data=st.data())
 def test_ranks_taking_fewer_steps_at_their_own_pace_are_stragglers_whatever_their_compute_samples(n, factor, seed,
@@ -188,14 +202,8 @@ def test_ranks_taking_fewer_steps_at_their_own_pace_are_stragglers_whatever_thei
     slow = set(rng.sample(range(n), data.draw(st.integers(1, n // 2), label="slow ranks")))
     policy = make(n)
     policy.current_mode = STRAGGLER_MODE  # auto's default start: the own-pace straggler candidate
-    t, next_step = 0.0, [0.0] * n
-    while t < 12.0:
-        for r in range(n):
-            if t >= next_step[r]:
-                policy.add(r, t, 0.02 * rng.uniform(0.9, 1.1))
-                next_step[r] = t + 0.05 * (factor if r in slow else 1) * rng.uniform(0.95, 1.05)
+    for t in _own_pace(policy, rng, slow, factor, until=12.0):
         assert policy.evaluate(t, policy.current_mode) is None  # in the straggler mode already: it stays
-        t += 0.01
     assert policy.last[0] == "straggler", policy.last
     assert all(f"rank {r} " in policy.last[1] for r in slow), (slow, policy.last)
     assert not any(f"rank {r} " in policy.last[1] for r in set(range(n)) - slow), (slow, policy.last)
@@ -474,16 +482,10 @@ def test_ranks_yet_to_report_are_waited_for_not_left_out(n, late, seed, data):
     slow = set(rng.sample(range(n), data.draw(st.integers(1, n // 2), label="late ranks")))
     policy = make(n)
     policy.current_mode = STRAGGLER_MODE
-    t, next_step = 0.0, [late if r in slow else 0.0 for r in range(n)]
-    while t < late + 8.0:
-        for r in range(n):
-            if t >= next_step[r]:
-                policy.add(r, t, 0.02 * rng.uniform(0.9, 1.1))
-                next_step[r] = t + 0.05 * (3 if r in slow else 1) * rng.uniform(0.95, 1.05)
+    for t in _own_pace(policy, rng, slow, 3, until=late + 8.0, late=late):
         assert policy.evaluate(t, policy.current_mode) is None, (t, policy.last)
         if t < late:
             assert policy.last[0] is None, (t, policy.last)
-        t += 0.01
     assert policy.last[0] == "straggler" and all(f"rank {r} " in policy.last[1] for r in slow), policy.last
 
 

@@ -171,11 +171,11 @@ class AutoPolicy:
 
     def classify(self, now):
         """(class or None, evidence text) from the samples of the last window."""
-        self._trim(now)
-        counts = [len(xs) for xs in self.samples]
         starting = [r for r, seen in enumerate(self.reported) if not seen]
         if starting:  # its first steps (tracing, a throttled node's start) are still to come: nothing to compare
             return None, f"no samples yet from rank(s) {starting}"
+        self._trim(now)
+        counts = [len(xs) for xs in self.samples]
         # A rank with no sample in the window is not training (idle after its time budget, finished, away): it is
         # left out.  Every other rank needs min_samples, so a slow rank is waited for, not missed.
         active = [r for r, n in enumerate(counts) if n > 0]
@@ -210,11 +210,10 @@ class AutoPolicy:
         slow_n = sum(c >= threshold for c in pooled)
         fraction = slow_n / len(pooled)
         needed = self.s["random_exit"] if self.state in ("random", "throttled") else self.s["random_fraction"]
+        periods_ms = {r: round(p * 1e3) for r, p in periods.items()}
         detail = (f"{fraction:.0%} of {len(pooled)} iterations >= {self.s['slow_sample_ratio']:g}x typical "
-                  f"{typical * 1e3:.1f} ms; slowest rank {max(per_rank.values()) / typical:.2f}x")
-        detail += f"; samples per rank {counts}"
-        if periods:
-            detail += "; step periods " + ", ".join(f"{p * 1e3:.0f}" for _, p in sorted(periods.items())) + " ms"
+                  f"{typical * 1e3:.1f} ms; slowest rank {max(per_rank.values()) / typical:.2f}x; samples per rank "
+                  f"{counts}; step periods (ms, by rank) {periods_ms}")
         if fraction < needed:
             return "homogeneous", detail
         if slow_n < MIN_SLOW:
