@@ -51,6 +51,7 @@ from stored import load, token_parts  # noqa: E402
 
 from hetsync.algorithms import available_modes, declared_options, departures  # noqa: E402
 from hetsync.algorithms.options import check_all  # noqa: E402
+from hetsync.optimizer import auto_settings  # noqa: E402
 
 FAST, SLOW = 0.45, 0.09  # of one core: a slow node 5x slower than a fast one
 DEVICE_MS = 1.0  # emulated device time per sample (32 ms a step at batch 32), in the sleep-emulated scenarios
@@ -155,7 +156,9 @@ def variant(token):
             options[key] = json.loads(value)
         except ValueError:
             options[key] = value
-    if options:
+    if options and mode == "auto":  # its own settings and its policy's, checked by DistributedOptimizer's rule
+        auto_settings(options)
+    elif options:
         if mode not in available_modes():
             raise ValueError(f"{token!r}: options are set here for the registered modes only ({mode} has none)")
         check_all(f"{token!r}", declared_options(mode), options)

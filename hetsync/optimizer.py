@@ -69,7 +69,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         if refusal:
             raise ValueError(refusal)
         if sync == "auto":
-            auto = _auto_settings(mode_options)
+            auto = auto_settings(mode_options)
         else:
             Family(optimizer, hvd_kwargs).validate(sync, mode_options)
     except ValueError as e:
@@ -120,7 +120,7 @@ def _check_optimizer(optimizer):
         raise ValueError("this optimizer is already a hetsync.DistributedOptimizer; wrap the plain one")
 
 
-def _auto_settings(options):
+def auto_settings(options):
     """sync="auto": its own settings checked (report_every, pretrace, the policy's), candidates included."""
     unknown = sorted(set(options) - set(AUTO_OWN) - set(SETTINGS) - {"candidates"})
     if unknown:
@@ -138,7 +138,7 @@ def _auto_settings(options):
 
 
 def _auto(optimizer, hvd_kwargs, auto, job_epochs):
-    """``auto``: :func:`_auto_settings`' result, already checked on every rank."""
+    """``auto``: :func:`auto_settings`' result, already checked on every rank."""
     _runtime.require_init("sync='auto'")
     services = _runtime.services()
     candidates = auto["candidates"]

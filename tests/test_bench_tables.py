@@ -198,9 +198,11 @@ def test_a_variant_token_names_a_mode_and_its_options_or_is_refused():
     assert run.variant("ripples-random/group_buffer=false/seed=3") == ("ripples-random",
                                                                        {"group_buffer": False, "seed": 3})
     assert run.variant("hop") == ("hop", {})
+    assert run.variant("auto/report_every=4/settle=1") == ("auto", {"report_every": 4, "settle": 1})  # its own
     for bad, says in (("hopp", "unknown mode"), ("horovod/x=1", "no hetsync options"), ("esync/abort", "KEY=VALUE"),
                       ("esync/onready=abort", "did you mean 'on_ready'"), ("esync/on_ready=abrt", "'finish' or 'abort'"),
-                      ("ripples-random/group_buffer=0", "True or False"), ("auto/late=latest", "registered modes")):
+                      ("ripples-random/group_buffer=0", "True or False"), ("auto/late=latest", "unknown option(s) ['late']"),
+                      ("auto/report_every=0", "report_every"), ("auto/setle=1", "did you mean 'settle'")):
         try:
             run.variant(bad)
         except ValueError as e:

@@ -104,13 +104,13 @@ def test_sync_mode_schedule_and_auto_settings_are_checked():
     with pytest.raises(ValueError, match="unknown option"):
         SyncModeCallback(schedule={1: ("ripples-static", {"group": 3})})
     assert SyncModeCallback(schedule={3: ("esync", {"epsilon": 0.01})}).schedule == {3: ("esync", {"epsilon": 0.01})}
-    # sync="auto"'s own settings are checked before anything starts (optimizer._auto_settings: no collective)
-    from hetsync.optimizer import _auto_settings
+    # sync="auto"'s own settings are checked before anything starts (optimizer.auto_settings: no collective)
+    from hetsync.optimizer import auto_settings
 
     for bad in (0, 2.5, True):
         with pytest.raises(ValueError, match=r"option report_every=.* is invalid: expected an int >= 1"):
-            _auto_settings({"report_every": bad})
+            auto_settings({"report_every": bad})
     with pytest.raises(ValueError, match="option pretrace='yes' .str. is invalid: expected True or False"):
-        _auto_settings({"pretrace": "yes"})
+        auto_settings({"pretrace": "yes"})
     with pytest.raises(ValueError, match="unknown option.*'windw'"):
-        _auto_settings({"windw": 3})
+        auto_settings({"windw": 3})
