@@ -9,7 +9,9 @@ Properties that a wrong rule would break:
 * no rank ever waits forever (the simulation ends), and every rank runs the same number of Keras steps;
 * a faster rank takes at least as many train steps as a slower one (the epoch is shared by speed);
 * once every rank has stopped, each learns the stop step before it passes it, and all leave after it, within
-  two Keras steps of the last stop.
+  two Keras steps of the last stop;
+* while a rank is in its first train step (tracing, on a throttled node), the others train past their slices
+  instead of waiting at the script's next collective, and the epoch is still exactly ``total`` steps.
 """
 import heapq
 import math
@@ -18,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetsync.coordinator.job_clock import FULL, GRANTED, STOPPED, EpochPlan, JobClock
+from hetsync.coordinator.job_clock import AHEAD, FULL, GRANTED, STOPPED, EpochPlan, JobClock
 
 
 class Rank:
@@ -33,8 +35,11 @@ class Rank:
         self.first_heard = None  # position at which the rank first heard the stop step
 
 
-def simulate(speeds, stops, epochs, steps_per_epoch):
-    """Runs the protocol; returns (clock, ranks, per-epoch counts at their ends, finishing time)."""
+def simulate(speeds, stops, epochs, steps_per_epoch, first_steps=None, collective_every=0, watch=None):
+    """Runs the protocol; returns (clock, ranks, per-epoch counts at their ends, finishing time).
+    ``first_steps``: each rank's first train step's duration (its trace); ``collective_every``: a user's collective
+    of every rank after each such Keras step; ``watch``: a rank whose first train step's end records the epoch's
+    count then (``clock.count_when_watched``)."""
     n = len(speeds)
     clock = JobClock(n)
     ranks = [Rank(r, speeds[r], stops[r]) for r in range(n)]
@@ -44,6 +49,7 @@ def simulate(speeds, stops, epochs, steps_per_epoch):
     events = [(0.0, r, "start_step") for r in range(n)]
     heapq.heapify(events)
     blocked, at_barrier, ends, decided = set(), set(), [], []
+    in_collective = set()
     now = 0.0
 
     def heard(rank, stop_at):
@@ -60,6 +66,13 @@ def simulate(speeds, stops, epochs, steps_per_epoch):
                 decided.append(t)
         if rank.stop_at is not None and rank.position >= rank.stop_at:
             rank.done = True
+            return
+        if collective_every and rank.step % collective_every == 0 and rank.step < keras_steps:
+            in_collective.add(rank.r)  # a user's allreduce between Keras steps: every rank, or nobody goes on
+            if len(in_collective) + sum(x.done for x in ranks) == n:
+                for x in sorted(in_collective):
+                    heapq.heappush(events, (t, x, "start_step"))
+                in_collective.clear()
             return
         if rank.step == keras_steps:
             at_barrier.add(rank.r)
@@ -91,10 +104,11 @@ def simulate(speeds, stops, epochs, steps_per_epoch):
             return None
         status, count, = clock.claim(rank.r, rank.epoch, rank.step, rank.position, plan)
         heard(rank, clock.stop_at)
-        if status == GRANTED:
+        if status in (GRANTED, AHEAD):
             rank.trained += 1
-            full = count >= plan.boundary(rank.step)
-            heapq.heappush(events, (t + rank.c, rank.r, "trained_full" if full else "trained"))
+            full = status == GRANTED and count >= plan.boundary(rank.step)
+            took = first_steps[rank.r] if first_steps and rank.trained == 1 else rank.c
+            heapq.heappush(events, (t + took, rank.r, "trained_full" if full else "trained"))
             return None
         assert status in (FULL, STOPPED)
         return end_step(rank, t)
@@ -105,6 +119,8 @@ def simulate(speeds, stops, epochs, steps_per_epoch):
         assert guard < 200000, "simulation did not end"
         now, r, what = heapq.heappop(events)
         rank = ranks[r]
+        if r == watch and what.startswith("trained") and not hasattr(clock, "count_when_watched"):
+            clock.count_when_watched = clock.counts[rank.epoch]  # its first train step just ended
         if what == "trained_full":
             end_step(rank, now)
         else:
@@ -135,6 +151,27 @@ def test_epochs_are_the_jobs_steps_shared_by_speed(speeds, epochs, n, data):
 
 
 @settings(max_examples=120, deadline=None)
+@given(n=st.integers(2, 6), late=st.data(), trace=st.floats(30.0, 200.0), every=st.integers(1, 7),
+       epochs=st.integers(1, 2))
+def test_the_ready_ranks_train_on_while_one_is_in_its_first_step(n, late, trace, every, epochs):
+    """One rank's first train step takes ``trace`` (a throttled node tracing its step), the others' one unit, and
+    the script has a collective of every rank every ``every`` Keras steps.  Without the head start the ready ranks
+    fill their first ``every`` slices and wait there; with it they train on, up to the whole epoch."""
+    slow = late.draw(st.integers(0, n - 1))
+    steps = [20] * n
+    first = [trace if r == slow else 1.0 for r in range(n)]
+    clock, ranks, ends, finish, _ = simulate([1.0] * n, [None] * n, epochs, steps, first_steps=first,
+                                             collective_every=every, watch=slow)
+    total = sum(steps)
+    assert ends == [total] * epochs  # still exactly the job's steps, every epoch
+    assert len({x.position for x in ranks}) == 1
+    waiting = EpochPlan(total, 20).boundary(every - 1) + n  # where the ready ranks would have stopped, at most
+    assert clock.count_when_watched >= min(total, (n - 1) * (trace - 2)) > waiting, (clock.count_when_watched,
+                                                                                    waiting)
+    assert sum(x.trained for x in ranks if x.r != slow) >= min(total - 1, (n - 1) * (trace - 2))
+
+
+@settings(max_examples=120, deadline=None)
 @given(speeds=speeds, data=st.data())
 def test_everyone_leaves_together_soon_after_the_last_stop(speeds, data):
     n = len(speeds)
@@ -150,10 +187,41 @@ def test_everyone_leaves_together_soon_after_the_last_stop(speeds, data):
     assert all(x.first_heard is not None and x.first_heard <= clock.stop_at for x in ranks)
 
 
+def _past_first_steps(size):
+    """A clock whose ranks have all finished their first train step (two claims each, in epoch 0)."""
+    clock = JobClock(size)
+    for _ in range(2):
+        for r in range(size):
+            clock.claim(r, 0, 0, 1, EpochPlan(4 * size, 2))
+    return clock
+
+
+def test_the_head_start_lasts_while_a_rank_is_in_its_first_step():
+    clock = JobClock(2)
+    plan = EpochPlan(8, 4)  # slice 0 ends at 2
+    assert clock.claim(0, 0, 0, 1, plan) == (AHEAD, 1)
+    assert clock.claim(0, 0, 0, 1, plan) == (AHEAD, 2)  # rank 0's first step is done, rank 1's is not begun
+    assert clock.claim(0, 0, 0, 1, plan) == (AHEAD, 3)  # past slice 0
+    assert clock.claim(1, 0, 0, 1, plan, force=True) == (AHEAD, 4)  # rank 1 begins its first step
+    assert clock.claim(0, 0, 0, 1, plan) == (AHEAD, 5)
+    assert clock.claim(1, 0, 0, 1, plan) == (FULL, 5)  # rank 1's first step is done: slices again
+    assert clock.claim(0, 0, 1, 2, plan) == (FULL, 5)   # slice 1 ends at 4: already taken
+    assert clock.claim(0, 0, 2, 3, plan) == (GRANTED, 6)
+    # never past the epoch's total; a stopped rank is not starting; a new fit starts the head start again
+    clock = JobClock(3)
+    plan = EpochPlan(3, 3)
+    assert [clock.claim(0, 0, 0, 1, plan)[0] for _ in range(4)] == [AHEAD, AHEAD, AHEAD, FULL]
+    clock.stop(1, 1)
+    clock.stop(2, 1)
+    assert clock.claim(0, 1, 0, 2, plan) == (GRANTED, 1)
+    clock.resume(1)
+    assert clock.claim(0, 1, 0, 2, plan) == (AHEAD, 2)
+
+
 def test_plans_must_agree_and_positions_only_grow():
     clock = JobClock(2)
     plan = EpochPlan(8, 4)
-    assert clock.claim(0, 0, 0, 1, plan)[0] == GRANTED
+    assert clock.claim(0, 0, 0, 1, plan)[0] in (GRANTED, AHEAD)
     with pytest.raises(ValueError, match="pass the same steps_per_epoch"):
         clock.claim(1, 0, 0, 1, EpochPlan(10, 5))
     with pytest.raises(ValueError, match="positions only grow"):
@@ -165,17 +233,17 @@ def test_plans_must_agree_and_positions_only_grow():
     assert [EpochPlan(10, 4).boundary(k) for k in range(4)] == [math.ceil(2.5 * (k + 1)) for k in range(4)]
     # a fit's first train step is every rank's, even past the slice (Horovod's first-batch broadcast needs every
     # rank's model and optimizer built): granted and counted
-    clock = JobClock(3)
+    clock = _past_first_steps(3)
     plan = EpochPlan(3, 3)
-    assert clock.claim(0, 0, 0, 1, plan) == (GRANTED, 1)
-    assert clock.claim(1, 0, 0, 1, plan)[0] == FULL
-    assert clock.claim(2, 0, 0, 1, plan, force=True) == (GRANTED, 2)
+    assert clock.claim(0, 1, 0, 1, plan) == (GRANTED, 1)
+    assert clock.claim(1, 1, 0, 1, plan)[0] == FULL
+    assert clock.claim(2, 1, 0, 1, plan, force=True) == (GRANTED, 2)
     # after a live switch from a mode that claims nothing, the epoch's earlier Keras steps count (the floor)
-    clock = JobClock(2)
+    clock = _past_first_steps(2)
     plan = EpochPlan(8, 4)
-    assert clock.claim(0, 0, 2, 3, plan, floor=plan.boundary(1)) == (GRANTED, 5)
-    assert clock.claim(1, 0, 2, 3, plan, floor=plan.boundary(1)) == (GRANTED, 6)
-    assert clock.claim(1, 0, 2, 3, plan, floor=plan.boundary(1))[0] == FULL
+    assert clock.claim(0, 1, 2, 3, plan, floor=plan.boundary(1)) == (GRANTED, 5)
+    assert clock.claim(1, 1, 2, 3, plan, floor=plan.boundary(1)) == (GRANTED, 6)
+    assert clock.claim(1, 1, 2, 3, plan, floor=plan.boundary(1))[0] == FULL
 
 
 def test_service_over_grpc_with_the_job_secret(monkeypatch):
@@ -214,7 +282,7 @@ def test_service_over_grpc_with_the_job_secret(monkeypatch):
         a = JobClockClient(server.address, server.secret, 0, timeout=10)
         b = JobClockClient(server.address, server.secret, 1, timeout=10)
         plan = EpochPlan(4, 2)
-        assert a.claim(0, 0, 1, plan)[:2] == (GRANTED, 1)
+        assert a.claim(0, 0, 1, plan)[:2] == (AHEAD, 1)  # rank 1 has not begun: rank 0's head start
         b.stop(1)
         assert b.reached(0, 0, 1, plan, wait_s=0.0) == (False, None)  # slice 0 is not full yet: rank 1 must wait
         assert not asleep.is_set()  # (a zero wait does not sleep)

@@ -17,7 +17,7 @@ With ``job_epochs=False`` (a DistributedOptimizer option) every rank runs N trai
 import logging
 import time
 
-from hetsync.coordinator.job_clock import GRANTED, EpochPlan
+from hetsync.coordinator.job_clock import AHEAD, GRANTED, EpochPlan
 
 log = logging.getLogger("hetsync.training")
 
@@ -59,7 +59,8 @@ class JobEpochs:
         return self.count >= self.plan.boundary(self.step)
 
     def claim_and_run(self, position, run_one, first=False):
-        """An active rank's Keras step (``own`` modes): claim and run train steps until the slice is full.
+        """An active rank's Keras step (``own`` modes): claim and run train steps until the slice is full (or, while
+        some rank is still in its first train step, until the clock stops granting: its head start).
         Returns the last step's logs, or None when the slice was already full.  ``first``: the fit's first Keras
         step, whose first train step every rank takes (job_clock.JobClock.claim's ``force``)."""
         logs = None
@@ -68,10 +69,10 @@ class JobEpochs:
                                                             floor=self.floor)
             first = False
             self._heard(stop_at)
-            if status != GRANTED:
+            if status not in (GRANTED, AHEAD):
                 return logs
             logs = run_one()
-            if self.full():
+            if status == GRANTED and self.full():  # AHEAD: past the slice while a rank starts; the clock says when
                 return logs
 
     def wait_for_slice(self, position, set_away):

@@ -14,6 +14,15 @@ fast rank takes several train steps in one Keras step, a slow rank whose one tra
 finds its next Keras steps already full and passes them at once.  Nobody waits for a given rank: the count moves
 as long as any rank trains.
 
+**Head start.**  A rank's first train step of a fit traces its train function: seconds on a fast node, tens of
+seconds on a throttled one, while the fast ranks would fill their slices and wait at the first collective of the
+script (a user's allreduce every few batches, the epoch end) doing nothing.  So while some rank has not finished
+its first train step (it has not called the clock again since its first claim, nor stopped), a claim past the
+slice is still granted, and every grant is AHEAD (claim again, whatever the slice), up to the epoch's ``total``: the ranks that are ready train the epoch's later
+slices in their current Keras step, and those Keras steps find their slices full when they come.  The epoch is
+still exactly ``total`` train steps; what moves is which Keras step they are taken in.  In plain Horovod every rank
+waits for the slowest one's first step (its trace included) in the first allreduce.
+
 A rank that stopped (time budget, EarlyStopping, ``stop_training``) claims nothing; its Keras steps *wait* until
 the count reaches their boundary, which the ranks still training bring about.  When every rank has stopped the
 count cannot move any more: every wait returns at once from then on, and the clock names the **stop step**, one
@@ -26,7 +35,7 @@ ranks' cumulative Keras step counts (training/rank_state.py), the same numbering
 """
 import math
 
-GRANTED, FULL, STOPPED = "granted", "full", "stopped"
+GRANTED, AHEAD, FULL, STOPPED = "granted", "ahead", "full", "stopped"  # AHEAD: granted past the slice (head start)
 REACHED, WAITING = "reached", "waiting"  # JobReached's answers
 
 
@@ -56,6 +65,7 @@ class JobClock:
         self.claimed = [0] * self.size      # per rank, over the job (reports)
         self.positions = [-1] * self.size   # last Keras step each rank started (cumulative)
         self.stopped = [False] * self.size
+        self.calls = [0] * self.size        # per rank, claims since its fit began (2: its first train step is done)
         self.stop_at = None                 # the agreed stop step, once every rank has stopped
 
     def _check(self, rank, epoch, plan):
@@ -82,8 +92,9 @@ class JobClock:
     def claim(self, rank, epoch, step, position, plan, force=False, floor=0):
         """Rank ``rank``, in Keras step ``step`` of ``epoch`` (``position`` over the job), asks for one train step.
 
-        Returns (status, count): GRANTED (the count includes this claim), FULL (the step's slice is done: end the
-        Keras step) or STOPPED (every rank has stopped).  ``force``: granted even past the boundary -- a fit's or a
+        Returns (status, count): GRANTED (the count includes this claim), AHEAD (granted while some rank is still in
+        its first train step, see "Head start": claim again, whatever the slice), FULL (the step's slice is done:
+        end the Keras step) or STOPPED (every rank has stopped).  ``force``: granted even past the boundary -- a fit's or a
         loop's first train step, which every rank must take (its model and optimizer are built in it, and Horovod's
         broadcast after the first batch needs them on every rank); the epoch may then exceed its total by as many
         steps as there are ranks less one.  ``floor``: the count is at least this (after a live switch from a mode
@@ -94,12 +105,19 @@ class JobClock:
             return STOPPED, self.counts[epoch]
         if self.stopped[rank]:
             raise ValueError(f"rank {rank} stopped and then claimed a train step: resume it first")
+        self.calls[rank] += 1
         self.counts[epoch] = max(self.counts[epoch], int(floor))
-        if self.counts[epoch] >= plan.boundary(step) and not force:
+        ahead = self.counts[epoch] < plan.total and self._someone_starting()
+        if self.counts[epoch] >= plan.boundary(step) and not (force or ahead):
             return FULL, self.counts[epoch]
         self.counts[epoch] += 1
         self.claimed[rank] += 1
-        return GRANTED, self.counts[epoch]
+        return (AHEAD if ahead else GRANTED), self.counts[epoch]
+
+    def _someone_starting(self):
+        """Some rank has not finished its first train step of the fit: it has claimed at most once since it began
+        the fit (a rank claims again only after its train step), and it has not stopped."""
+        return any(n < 2 and not stopped for n, stopped in zip(self.calls, self.stopped))
 
     def reached(self, rank, epoch, step, position, plan):
         """A stopped rank's Keras step: True when it may end (its slice is full, or everyone stopped)."""
@@ -121,6 +139,7 @@ class JobClock:
         """A new ``fit`` begins on this rank (every rank calls it before the fit's first collective, so no rank
         claims before all have resumed): the rank trains again, and the last fit's stop step is forgotten."""
         self.stopped[rank] = False
+        self.calls[rank] = 0
         self.stop_at = None
 
     def metrics(self):
