@@ -471,6 +471,31 @@ def test_ranks_without_samples_are_left_out():
 
 
 @settings(max_examples=30, deadline=None)
+@given(n=st.integers(3, 8), seed=st.integers(0, 1000), data=st.data())
+def test_a_silent_rank_is_left_out_only_once_the_job_says_it_stopped(n, seed, data):
+    """Up to half the ranks (a throttled host) take one step, then a step longer than the window, with compute
+    samples like the others': the others alone look even.  Left out as idle, they let auto leave its straggler
+    mode for allreduce, where the job runs at their pace.  While the Job Clock does not list them as stopped,
+    nothing is decided; once it does, they are left out and the others are classified."""
+    rng = random.Random(seed)
+    slow = set(rng.sample(range(n), data.draw(st.integers(1, n // 2), label="silent ranks")))
+    policy = make(n, candidates={"random": RANDOM_MODE, "homogeneous": "allreduce"})
+    policy.current_mode = STRAGGLER_MODE
+
+    def evaluate(t, stopped):
+        for r in range(n):
+            if r not in slow or t < 0.05:
+                policy.add(r, t, 0.02 * rng.uniform(0.9, 1.1))
+        return policy.evaluate(t, policy.current_mode, stopped)
+
+    for i in range(200):  # 10 s, three windows
+        assert evaluate(i * 0.05, set()) is None, policy.last
+    assert policy.last[0] is None and "have not stopped" in policy.last[1], policy.last
+    proposals = [evaluate(10.0 + i * 0.05, slow) for i in range(100)]
+    assert any(p is not None and p[0] == "allreduce" for p in proposals), policy.last
+
+
+@settings(max_examples=30, deadline=None)
 @given(n=st.integers(2, 8), late=st.floats(3.0, 20.0), seed=st.integers(0, 1000), data=st.data())
 def test_ranks_yet_to_report_are_waited_for_not_left_out(n, late, seed, data):
     """A throttled host's ranks trace their first step at a fraction of a core and report nothing for seconds.  Read
@@ -550,7 +575,8 @@ class _Recorder:
     def add(self, rank, t, compute_s, run_delay):
         self.added.append((rank, t, compute_s, run_delay))
 
-    def evaluate(self, now, current_mode):
+    def evaluate(self, now, current_mode, stopped=None):
+        self.stopped = stopped
         return None
 
     def switched(self, mode, t):
@@ -561,12 +587,15 @@ def test_sample_times_travel_as_ages_and_land_on_the_boards_clock():
     """No clock is compared across hosts: a report carries each sample's age on the worker's clock, and the board
     places it on its own.  Two workers whose monotonic clocks are 1000 s apart, each reporting a sample taken 0.5 s
     before its report, land at the same board time; a board that took the workers' times as its own would see
-    one of them 1000 s in the future."""
+    one of them 1000 s in the future.  The policy also hears which ranks the Job Clock beside the board says
+    stopped."""
     import types
 
+    from hetsync.coordinator.job_clock import JobClock
     from hetsync.coordinator.switchboard.service import SwitchServicer, pb2
 
-    owner = types.SimpleNamespace(secret="s3cret")
+    owner = types.SimpleNamespace(secret="s3cret", job_clock=JobClock(3))
+    owner.job_clock.stop(2, 1)
     service = SwitchServicer(owner, 2, clock=lambda: 5000.0)
     owner.switchboard.policy = recorder = _Recorder()
     owner.switchboard.current = ("allreduce", "{}")
@@ -578,3 +607,4 @@ def test_sample_times_travel_as_ages_and_land_on_the_boards_clock():
                                   **starved)
         service.SwitchReport(msg, None)
     assert recorder.added == [(0, 4999.5, 0.02, None), (1, 4999.5, 0.02, 0.5)]
+    assert recorder.stopped == {2}

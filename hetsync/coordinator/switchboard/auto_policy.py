@@ -16,9 +16,11 @@ dilute one slow iteration among a fast rank's many, and random slowdowns were re
   straggler is in force, their median (see Hysteresis); *typical* = the median of all ranks' samples pooled (the
   usual iteration: the median of the ranks' medians let two ranks whose small windows held many slow samples by
   chance raise it, and the slow samples then fell below the random test's cut).  A rank without any sample in the
-  window (idle after stopping, finished) is left out; until every rank has reported once, nothing is decided (a
-  throttled host's ranks, tracing their first step at a fraction of a core, sent nothing for the first window,
-  and a job of the fast ranks alone read as homogeneous and moved to allreduce at the slow host's pace).
+  window is left out when the job says it stopped training (the Job Clock: a time budget, EarlyStopping); one that
+  has not stopped is in a step longer than the window, and nothing is decided until it reports again.  Likewise,
+  until every rank has reported once, nothing is decided (a throttled host's ranks, tracing their first step at a
+  fraction of a core, sent nothing for the first window, and a job of the fast ranks alone read as homogeneous and
+  moved to allreduce at the slow host's pace).  Without word of stops (``stopped=None``) a silent rank is left out.
 * **straggler**: some rank has m_r >= ``straggler_ratio`` x typical (1.5): it is slow in three iterations of four.
   (With the median, a rank whose window held slightly more than half slow samples by chance -- a quarter of steps 4x
   slow, on every rank, 25-30 samples a window -- read as a straggler now and then, and moved a job out of eager-SGD
@@ -169,15 +171,20 @@ class AutoPolicy:
             if xs and xs[0][0] < horizon:
                 self.samples[rank] = [p for p in xs if p[0] >= horizon]
 
-    def classify(self, now):
-        """(class or None, evidence text) from the samples of the last window."""
+    def classify(self, now, stopped=None):
+        """(class or None, evidence text) from the samples of the last window; ``stopped``: the ranks the job says
+        stopped training (None: not known)."""
         starting = [r for r, seen in enumerate(self.reported) if not seen]
         if starting:  # its first steps (tracing, a throttled node's start) are still to come: nothing to compare
             return None, f"no samples yet from rank(s) {starting}"
         self._trim(now)
         counts = [len(xs) for xs in self.samples]
-        # A rank with no sample in the window is not training (idle after its time budget, finished, away): it is
-        # left out.  Every other rank needs min_samples, so a slow rank is waited for, not missed.
+        silent = [r for r, n in enumerate(counts) if n == 0]
+        in_step = [r for r in silent if stopped is not None and r not in stopped]
+        if in_step:  # a step longer than the window: the fast ranks alone must not decide
+            return None, f"rank(s) {in_step} took no step in the last {self.s['window']:g} s and have not stopped"
+        # A rank with no sample in the window that stopped training (or, not knowing, any) is left out.  Every
+        # other rank needs min_samples, so a slow rank is waited for, not missed.
         active = [r for r, n in enumerate(counts) if n > 0]
         if len(active) < 2 or min(counts[r] for r in active) < self.s["min_samples"]:
             return None, f"too few samples (per rank {counts}, need {self.s['min_samples']})"
@@ -265,15 +272,15 @@ class AutoPolicy:
                 out[r] = (times[-1] - times[0]) / (len(times) - 1)
         return out if len(out) >= 2 else {}
 
-    def evaluate(self, now, current_mode):
-        """None, or (mode, options, evidence) to switch to."""
+    def evaluate(self, now, current_mode, stopped=None):
+        """None, or (mode, options, evidence) to switch to; ``stopped``: as for :meth:`classify`."""
         recent = self.last_evaluation is not None and now - self.last_evaluation < EVALUATE_EVERY_S
         if recent and self.last is not None and self.last[0] is not None:
             return None
         self.last_evaluation = now
         if self.state is None:  # the class whose mode auto started in is the class in force: its hysteresis holds
             self.state = self._class_of(current_mode)
-        cls, evidence = self.classify(now)
+        cls, evidence = self.classify(now, stopped)
         if self.last is None or self.last[0] != cls:  # what the policy sees, as it changes (HETSYNC_LOG_LEVEL=DEBUG)
             log.debug("auto: class %s in %s (in force: %s): %s", cls, current_mode, self.state, evidence)
         self.last = (cls, evidence)

@@ -81,10 +81,11 @@ class SwitchBoard:
         return status
 
     # -- reports ----------------------------------------------------------------------------------------------
-    def report(self, rank, position, applied, mode=None, options=None, samples=(), now=0.0, every=1):
+    def report(self, rank, position, applied, mode=None, options=None, samples=(), now=0.0, every=1, stopped=None):
         """Rank ``rank`` finished step ``position`` (having carried out decisions up to ``applied``), running
         ``mode``; ``samples`` are (time, compute seconds, run-delay rate or None) per iteration, for the
-        policy; ``every``: its report cadence.  Returns the decision this rank has yet to carry out, or None."""
+        policy; ``every``: its report cadence; ``stopped``: the ranks the Job Clock says stopped training (None:
+        not known), for the policy.  Returns the decision this rank has yet to carry out, or None."""
         self._check_rank(rank)
         self.every = max(self.every, int(every or 1))
         if position < self.positions[rank]:
@@ -98,7 +99,7 @@ class SwitchBoard:
         if self.policy is not None:
             for t, compute_s, run_delay in samples:
                 self.policy.add(rank, t, compute_s, run_delay)
-            self._consult_policy(now)
+            self._consult_policy(now, stopped)
         self._decide(now)
         d = self.decision
         if d is not None and self.applied[rank] < d.id:
@@ -115,10 +116,10 @@ class SwitchBoard:
             if self.policy is not None:
                 self.policy.switched(d.mode, d.made_at)
 
-    def _consult_policy(self, now):
+    def _consult_policy(self, now, stopped):
         if self.pending is not None or self.decision is not None or self.current is None:
             return
-        proposal = self.policy.evaluate(now, self.current[0])
+        proposal = self.policy.evaluate(now, self.current[0], stopped)
         if proposal is not None:
             mode, options, evidence = proposal
             self.request(-1, mode, options, reason=f"auto: {evidence}")

@@ -20,7 +20,8 @@ pb2, pb2_grpc = _proto.load("switchboard")
 
 
 class SwitchServicer(pb2_grpc.SwitchBoardServicer):
-    """Serves ``owner.switchboard`` (owner: the GGServer; the board is created with the server)."""
+    """Serves ``owner.switchboard`` (owner: the GGServer; the board is created with the server), whose policy also
+    hears which ranks ``owner.job_clock`` says stopped."""
 
     def __init__(self, owner, size, clock=time.monotonic):
         self._o, self._clock = owner, clock
@@ -56,13 +57,18 @@ class SwitchServicer(pb2_grpc.SwitchBoardServicer):
             ages = zip(request.sample_age_s, request.sample_compute_s, delays)
             samples = [(received - max(age, 0.0), c, d if d >= 0 else None) for age, c, d in ages]
             d = board.report(request.worker, request.position, request.applied, request.mode or None,
-                             request.options_json or "{}", samples, received, request.every or 1)
+                             request.options_json or "{}", samples, received, request.every or 1, self._stopped())
             if d is None:
                 return pb2.SwitchDecision(id=0)
             return pb2.SwitchDecision(id=d.id, mode=d.mode, options_json=d.options, at=d.at, by=d.by,
                                       reason=d.reason)
 
         return self._call(request, context, report)
+
+    def _stopped(self):
+        """The ranks the Job Clock, served beside the board by the same server, says stopped training: read without
+        its lock (a list of booleans, each written whole; a stop seen one report late delays a decision, no more)."""
+        return {r for r, s in enumerate(self._o.job_clock.stopped) if s}
 
     def SwitchConfigure(self, request, context):
         def configure(board):
