@@ -121,6 +121,7 @@ def simulate(speeds, stops, epochs, steps_per_epoch, first_steps=None, collectiv
         rank = ranks[r]
         if r == watch and what.startswith("trained") and not hasattr(clock, "count_when_watched"):
             clock.count_when_watched = clock.counts[rank.epoch]  # its first train step just ended
+            clock.trained_when_watched = [x.trained for x in ranks]
         if what == "trained_full":
             end_step(rank, now)
         else:
@@ -156,7 +157,8 @@ def test_epochs_are_the_jobs_steps_shared_by_speed(speeds, epochs, n, data):
 def test_the_ready_ranks_train_on_while_one_is_in_its_first_step(n, late, trace, every, epochs):
     """One rank's first train step takes ``trace`` (a throttled node tracing its step), the others' one unit, and
     the script has a collective of every rank every ``every`` Keras steps.  Without the head start the ready ranks
-    fill their first ``every`` slices and wait there; with it they train on, up to the whole epoch."""
+    fill their first ``every`` slices and wait there; with it they train on, each up to its share of the epoch (not
+    the whole epoch on one rank's data)."""
     slow = late.draw(st.integers(0, n - 1))
     steps = [20] * n
     first = [trace if r == slow else 1.0 for r in range(n)]
@@ -166,9 +168,9 @@ def test_the_ready_ranks_train_on_while_one_is_in_its_first_step(n, late, trace,
     assert ends == [total] * epochs  # still exactly the job's steps, every epoch
     assert len({x.position for x in ranks}) == 1
     waiting = EpochPlan(total, 20).boundary(every - 1) + n  # where the ready ranks would have stopped, at most
-    assert clock.count_when_watched >= min(total, (n - 1) * (trace - 2)) > waiting, (clock.count_when_watched,
-                                                                                    waiting)
-    assert sum(x.trained for x in ranks if x.r != slow) >= min(total - 1, (n - 1) * (trace - 2))
+    share = math.ceil(total / n)
+    assert clock.count_when_watched >= (n - 1) * min(share, trace - 2) > waiting, (clock.count_when_watched, waiting)
+    assert all(t <= share for r, t in enumerate(clock.trained_when_watched) if r != slow), clock.trained_when_watched
 
 
 @settings(max_examples=120, deadline=None)
@@ -207,13 +209,21 @@ def test_the_head_start_lasts_while_a_rank_is_in_its_first_step():
     assert clock.claim(1, 0, 0, 1, plan) == (FULL, 5)  # rank 1's first step is done: slices again
     assert clock.claim(0, 0, 1, 2, plan) == (FULL, 5)   # slice 1 ends at 4: already taken
     assert clock.claim(0, 0, 2, 3, plan) == (GRANTED, 6)
-    # never past the epoch's total; a stopped rank is not starting; a new fit starts the head start again
+    # never past the rank's share of the epoch (9 steps, 3 ranks: 3 each, the slice 1), nor past its total; a
+    # stopped rank is not starting; a new fit starts the head start again
     clock = JobClock(3)
-    plan = EpochPlan(3, 3)
+    plan = EpochPlan(9, 9)
     assert [clock.claim(0, 0, 0, 1, plan)[0] for _ in range(4)] == [AHEAD, AHEAD, AHEAD, FULL]
+    assert [clock.claim(1, 0, 0, 1, plan)[0] for _ in range(4)] == [AHEAD, AHEAD, AHEAD, FULL]
+    assert [clock.claim(2, 0, 0, 1, plan)[0] for _ in range(4)] == [AHEAD, FULL, FULL, FULL]  # 7 > 1: its 2nd ends
+    clock = JobClock(2)                                                                     # its start
+    plan = EpochPlan(2, 2)
+    assert [clock.claim(0, 0, 0, 1, plan)[0] for _ in range(2)] == [AHEAD, FULL]  # the share: 1
+    assert clock.claim(1, 0, 0, 1, plan) == (AHEAD, 2)
+    assert clock.claim(1, 0, 0, 1, plan)[0] == FULL  # the total
     clock.stop(1, 1)
-    clock.stop(2, 1)
     assert clock.claim(0, 1, 0, 2, plan) == (GRANTED, 1)
+    clock.resume(0)
     clock.resume(1)
     assert clock.claim(0, 1, 0, 2, plan) == (AHEAD, 2)
 

@@ -18,9 +18,12 @@ as long as any rank trains.
 seconds on a throttled one, while the fast ranks would fill their slices and wait at the first collective of the
 script (a user's allreduce every few batches, the epoch end) doing nothing.  So while some rank has not finished
 its first train step (it has not called the clock again since its first claim, nor stopped), a claim past the
-slice is still granted, and every grant is AHEAD (claim again, whatever the slice), up to the epoch's ``total``: the ranks that are ready train the epoch's later
-slices in their current Keras step, and those Keras steps find their slices full when they come.  The epoch is
-still exactly ``total`` train steps; what moves is which Keras step they are taken in.  In plain Horovod every rank
+slice is still granted, and every grant is AHEAD (claim again, whatever the slice), up to the epoch's ``total``
+and to the rank's own share of it (``ceil(total / size)`` head-start grants per rank and fit: a rank that is ready
+first does not take the whole epoch alone, on its shard of the data alone, while a peer traces for seconds).  The
+ranks that are ready train the epoch's later slices in their current Keras step, and those Keras steps find their
+slices full when they come.  The epoch is still exactly ``total`` train steps; what moves is which Keras step they
+are taken in.  In plain Horovod every rank
 waits for the slowest one's first step (its trace included) in the first allreduce.
 
 A rank that stopped (time budget, EarlyStopping, ``stop_training``) claims nothing; its Keras steps *wait* until
@@ -66,6 +69,7 @@ class JobClock:
         self.positions = [-1] * self.size   # last Keras step each rank started (cumulative)
         self.stopped = [False] * self.size
         self.calls = [0] * self.size        # per rank, claims since its fit began (2: its first train step is done)
+        self.ahead = [0] * self.size        # per rank, AHEAD grants since its fit began (at most its share)
         self.stop_at = None                 # the agreed stop step, once every rank has stopped
 
     def _check(self, rank, epoch, plan):
@@ -107,11 +111,13 @@ class JobClock:
             raise ValueError(f"rank {rank} stopped and then claimed a train step: resume it first")
         self.calls[rank] += 1
         self.counts[epoch] = max(self.counts[epoch], int(floor))
-        ahead = self.counts[epoch] < plan.total and self._someone_starting()
+        ahead = (self.counts[epoch] < plan.total and self.ahead[rank] < math.ceil(plan.total / self.size)
+                 and self._someone_starting())
         if self.counts[epoch] >= plan.boundary(step) and not (force or ahead):
             return FULL, self.counts[epoch]
         self.counts[epoch] += 1
         self.claimed[rank] += 1
+        self.ahead[rank] += ahead
         return (AHEAD if ahead else GRANTED), self.counts[epoch]
 
     def _someone_starting(self):
@@ -139,7 +145,7 @@ class JobClock:
         """A new ``fit`` begins on this rank (every rank calls it before the fit's first collective, so no rank
         claims before all have resumed): the rank trains again, and the last fit's stop step is forgotten."""
         self.stopped[rank] = False
-        self.calls[rank] = 0
+        self.calls[rank] = self.ahead[rank] = 0
         self.stop_at = None
 
     def metrics(self):
