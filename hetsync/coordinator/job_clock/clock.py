@@ -23,8 +23,8 @@ and to the rank's own share of it (``ceil(total / size)`` head-start grants per 
 first does not take the whole epoch alone, on its shard of the data alone, while a peer traces for seconds).  The
 ranks that are ready train the epoch's later slices in their current Keras step, and those Keras steps find their
 slices full when they come.  The epoch is still exactly ``total`` train steps; what moves is which Keras step they
-are taken in.  In plain Horovod every rank
-waits for the slowest one's first step (its trace included) in the first allreduce.
+are taken in.  In plain Horovod every rank waits for the slowest one's first step (its trace included) in the
+first allreduce.
 
 A rank that stopped (time budget, EarlyStopping, ``stop_training``) claims nothing; its Keras steps *wait* until
 the count reaches their boundary, which the ranks still training bring about.  When every rank has stopped the
@@ -98,10 +98,10 @@ class JobClock:
 
         Returns (status, count): GRANTED (the count includes this claim), AHEAD (granted while some rank is still in
         its first train step, see "Head start": claim again, whatever the slice), FULL (the step's slice is done:
-        end the Keras step) or STOPPED (every rank has stopped).  ``force``: granted even past the boundary -- a fit's or a
-        loop's first train step, which every rank must take (its model and optimizer are built in it, and Horovod's
-        broadcast after the first batch needs them on every rank); the epoch may then exceed its total by as many
-        steps as there are ranks less one.  ``floor``: the count is at least this (after a live switch from a mode
+        end the Keras step) or STOPPED (every rank has stopped).  ``force``: granted even past the boundary -- a
+        fit's or a loop's first train step, which every rank must take (its model and optimizer are built in it, and
+        Horovod's broadcast after the first batch needs them on every rank); the epoch may then exceed its total by
+        as many steps as there are ranks less one.  ``floor``: the count is at least this (after a live switch from a mode
         that does not claim, the epoch's earlier Keras steps are done: every rank sends the same floor)."""
         self._check(rank, epoch, plan)
         self._seen(rank, position)
