@@ -17,7 +17,7 @@ With ``job_epochs=False`` (a DistributedOptimizer option) every rank runs N trai
 import logging
 import time
 
-from hetsync.coordinator.job_clock import AHEAD, GRANTED, EpochPlan
+from hetsync.coordinator.job_clock import GRANTED, GRANTS, EpochPlan
 
 log = logging.getLogger("hetsync.training")
 
@@ -69,7 +69,7 @@ class JobEpochs:
                                                             floor=self.floor)
             first = False
             self._heard(stop_at)
-            if status not in (GRANTED, AHEAD):
+            if status not in GRANTS:
                 return logs
             logs = run_one()
             if status == GRANTED and self.full():  # AHEAD: past the slice while a rank starts; the clock says when

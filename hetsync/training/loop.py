@@ -32,7 +32,7 @@ import time
 
 from hetsync import _runtime, compat, marks
 from hetsync.algorithms import _wrap as exchange
-from hetsync.coordinator.job_clock import AHEAD, GRANTED
+from hetsync.coordinator.job_clock import GRANTS
 from hetsync.training import front_door, options, rank_state
 from hetsync.training.consensus import sync_point
 from hetsync.training.keras_fit import job_epochs_client
@@ -127,7 +127,7 @@ class JobSteps:
                 return False
             status, _, _ = self.job.client.claim(self.job.epoch, 0, rank_state.position() + 1, self.job.plan,
                                                  force=self.yielded == 0)  # Horovod's first-step broadcast
-            return status in (GRANTED, AHEAD)
+            return status in GRANTS
         if self.stepping == "rounds":
             return self._round_another()
         return self._lockstep_another()

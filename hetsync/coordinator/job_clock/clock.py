@@ -39,6 +39,7 @@ ranks' cumulative Keras step counts (training/rank_state.py), the same numbering
 import math
 
 GRANTED, AHEAD, FULL, STOPPED = "granted", "ahead", "full", "stopped"  # AHEAD: granted past the slice (head start)
+GRANTS = (GRANTED, AHEAD)  # the claim's answers that grant a train step
 REACHED, WAITING = "reached", "waiting"  # JobReached's answers
 
 

@@ -13,7 +13,7 @@ import grpc
 
 from .. import _proto
 from ..auth import require_secret
-from .clock import AHEAD, GRANTED, REACHED, STOPPED, WAITING, EpochPlan, JobClock
+from .clock import GRANTED, GRANTS, REACHED, STOPPED, WAITING, EpochPlan, JobClock
 
 pb2, pb2_grpc = _proto.load("job_clock")
 
@@ -46,7 +46,7 @@ class JobServicer(pb2_grpc.JobClockServicer):
         def claim(clock):
             status, count = clock.claim(request.worker, request.epoch, request.step, request.position,
                                         self._plan(request), force=request.force, floor=request.floor)
-            if status in (GRANTED, AHEAD):
+            if status in GRANTS:
                 self._cv.notify_all()
             return self._reply(status, count, clock)
 
