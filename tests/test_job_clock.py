@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetsync.coordinator.job_clock import AHEAD, FULL, GRANTED, STOPPED, EpochPlan, JobClock
+from hetsync.coordinator.job_clock import AHEAD, FULL, GRANTED, STOPPED, EpochPlan, JobClock, passes_to
 
 
 class Rank:
@@ -33,13 +33,16 @@ class Rank:
         self.trained = 0
         self.done = False
         self.first_heard = None  # position at which the rank first heard the stop step
+        self.pass_to = -1        # the last Keras step it passes without a call (clock.passes_to)
 
 
-def simulate(speeds, stops, epochs, steps_per_epoch, first_steps=None, collective_every=0, watch=None):
+def simulate(speeds, stops, epochs, steps_per_epoch, first_steps=None, collective_every=0, watch=None,
+             passing=True):
     """Runs the protocol; returns (clock, ranks, per-epoch counts at their ends, finishing time).
     ``first_steps``: each rank's first train step's duration (its trace); ``collective_every``: a user's collective
     of every rank after each such Keras step; ``watch``: a rank whose first train step's end records the epoch's
-    count then (``clock.count_when_watched``)."""
+    count then (``clock.count_when_watched``); ``passing=False``: a call at every Keras step, as if no answer told
+    which later steps are full."""
     n = len(speeds)
     clock = JobClock(n)
     ranks = [Rank(r, speeds[r], stops[r]) for r in range(n)]
@@ -96,6 +99,8 @@ def simulate(speeds, stops, epochs, steps_per_epoch, first_steps=None, collectiv
             what = "claim"
         if rank.stop_at is not None:  # every rank stopped: empty steps to the stop step
             return end_step(rank, t)
+        if passing and rank.position <= rank.pass_to:  # known full: passed without a call
+            return end_step(rank, t)
         if rank.stopped:
             if clock.reached(rank.r, rank.epoch, rank.step, rank.position, plan):
                 heard(rank, clock.stop_at)
@@ -104,9 +109,11 @@ def simulate(speeds, stops, epochs, steps_per_epoch, first_steps=None, collectiv
             return None
         status, count, = clock.claim(rank.r, rank.epoch, rank.step, rank.position, plan)
         heard(rank, clock.stop_at)
+        full = status == FULL or (status == GRANTED and count >= plan.boundary(rank.step))
+        if full:
+            rank.pass_to = passes_to(plan, rank.step, rank.position, count)
         if status in (GRANTED, AHEAD):
             rank.trained += 1
-            full = status == GRANTED and count >= plan.boundary(rank.step)
             took = first_steps[rank.r] if first_steps and rank.trained == 1 else rank.c
             heapq.heappush(events, (t + took, rank.r, "trained_full" if full else "trained"))
             return None
@@ -226,6 +233,59 @@ def test_the_head_start_lasts_while_a_rank_is_in_its_first_step():
     clock.resume(0)
     clock.resume(1)
     assert clock.claim(0, 1, 0, 2, plan) == (AHEAD, 2)
+
+
+@settings(max_examples=200, deadline=None)
+@given(total_per=st.integers(1, 9), keras_steps=st.integers(1, 40), data=st.data())
+def test_a_rank_passes_exactly_the_later_steps_that_its_answer_shows_full(total_per, keras_steps, data):
+    """``passes_to``: every Keras step it covers after the current one has its boundary within the count heard,
+    the next one (if the epoch has it) does not, and it never leaves the epoch."""
+    plan = EpochPlan(total_per * keras_steps, keras_steps)
+    step = data.draw(st.integers(0, keras_steps - 1))
+    count = data.draw(st.integers(plan.boundary(step), plan.total))
+    position = data.draw(st.integers(step + 1, step + 500))
+    last = step + passes_to(plan, step, position, count) - position
+    assert step <= last < keras_steps
+    assert all(plan.boundary(k) <= count for k in range(step, last + 1))
+    assert last == keras_steps - 1 or plan.boundary(last + 1) > count
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(2, 6), slow=st.sampled_from([4.0, 8.0, 20.0]), every=st.sampled_from([0, 3, 7]),
+       epochs=st.integers(1, 2))
+def test_a_slow_rank_passes_the_slices_it_missed_with_one_call(n, slow, every, epochs):
+    """A rank ``slow`` times slower: after each of its train steps the others have filled several slices, which it
+    passes for the one answer that ended its Keras step (a throttled rank's call to a throttled coordinator costs
+    a CFS period).  Its calls are then about two per train step (a grant, and the answer that ends the Keras step:
+    one more at each collective or epoch end, where the others went on), not one per Keras step -- and the epochs,
+    the Keras steps and the shares are the same as with a call at every step."""
+    speeds = [1.0] * (n - 1) + [slow]
+    steps = [30] * n
+    runs = {p: simulate(speeds, [None] * n, epochs, steps, collective_every=every, passing=p) for p in (True, False)}
+    (clock, ranks, ends, _, _), (clock0, ranks0, ends0, _, _) = runs[True], runs[False]
+    assert ends == ends0 == [sum(steps)] * epochs
+    assert [x.position for x in ranks] == [x.position for x in ranks0] == [epochs * 30] * n
+    assert [x.trained for x in ranks] == [x.trained for x in ranks0]
+    waits = epochs * (1 + (29 // every if every else 0))  # the collectives and epoch ends
+    calls = clock.calls[n - 1]
+    assert calls <= 2 * ranks[-1].trained + waits, (calls, ranks[-1].trained, waits)
+    assert calls < epochs * 30 <= clock0.calls[n - 1], (calls, clock0.calls[n - 1])  # that: one at every step
+
+
+def test_the_stop_step_is_past_every_step_a_rank_passes():
+    """A rank told that the next slices are full passes them without a call: the clock counts them as started, so
+    a stop step named meanwhile is past them, and the rank hears it at its next call."""
+    clock = JobClock(2)
+    plan = EpochPlan(8, 8)  # one train step per slice
+    assert [clock.claim(0, 0, 0, 1, plan)[0] for _ in range(5)] == [AHEAD] * 4 + [FULL]  # its share while rank 1
+    assert clock.passes[0] == 4 == passes_to(plan, 0, 1, 4)                              # starts; then slices 1-3
+    assert clock.claim(1, 0, 0, 1, plan, force=True) == (AHEAD, 5)
+    assert clock.claim(1, 0, 0, 1, plan) == (FULL, 5)
+    assert clock.passes[1] == 5  # slices 1-4 are full: it passes to its step 4 (position 5)
+    assert clock.stop(0, 1) is None
+    assert clock.stop(1, 1) == 6  # past position 5, which rank 1 passes without a call (not 2)
+    clock.resume(1)
+    assert clock.passes[1] == -1
 
 
 def test_plans_must_agree_and_positions_only_grow():

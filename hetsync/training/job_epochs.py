@@ -17,7 +17,7 @@ With ``job_epochs=False`` (a DistributedOptimizer option) every rank runs N trai
 import logging
 import time
 
-from hetsync.coordinator.job_clock import GRANTED, GRANTS, EpochPlan
+from hetsync.coordinator.job_clock import FULL, GRANTED, GRANTS, EpochPlan, passes_to
 
 log = logging.getLogger("hetsync.training")
 
@@ -35,10 +35,12 @@ class JobEpochs:
         self.count = 0        # the job's train steps in this epoch, as last heard
         self.stop_at = None   # the agreed stop step (cumulative Keras steps), once every rank has stopped
         self.floor = 0        # after a live switch: the count the epoch's earlier Keras steps stand for
+        self.pass_to = -1     # the last Keras step (cumulative) known full: passed without a call (clock.passes_to)
 
     def begin_fit(self):
         """Before the fit's first collective, on every rank (job_clock.JobClock.resume)."""
         self.stop_at = None
+        self.pass_to = -1
         self.client.resume()
 
     def begin_epoch(self, total, keras_steps):
@@ -62,22 +64,29 @@ class JobEpochs:
         """An active rank's Keras step (``own`` modes): claim and run train steps until the slice is full (or, while
         some rank is still in its first train step, until the clock stops granting: its head start).
         Returns the last step's logs, or None when the slice was already full.  ``first``: the fit's first Keras
-        step, whose first train step every rank takes (job_clock.JobClock.claim's ``force``)."""
+        step, whose first train step every rank takes (job_clock.JobClock.claim's ``force``).  A step known full
+        (``pass_to``) is passed without a call."""
+        if position <= self.pass_to:
+            return None
         logs = None
         while True:
             status, self.count, stop_at = self.client.claim(self.epoch, self.step, position, self.plan, force=first,
                                                             floor=self.floor)
             first = False
             self._heard(stop_at)
-            if status not in GRANTS:
-                return logs
-            logs = run_one()
-            if status == GRANTED and self.full():  # AHEAD: past the slice while a rank starts; the clock says when
+            ends = status == FULL or (status == GRANTED and self.full())  # AHEAD: claim again, the clock says when
+            if ends:
+                self.pass_to = passes_to(self.plan, self.step, position, self.count)
+            if status in GRANTS:
+                logs = run_one()
+            if ends or status not in GRANTS:
                 return logs
 
     def wait_for_slice(self, position, set_away):
         """A stopped rank's Keras step (``own`` modes): wait, away, until the slice is full or everyone stopped."""
         set_away()
+        if position <= self.pass_to:
+            return
         began = time.monotonic()
         while True:
             reached, stop_at = self.client.reached(self.epoch, self.step, position, self.plan, WAIT_SLICE_S)

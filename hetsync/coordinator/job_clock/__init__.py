@@ -9,6 +9,7 @@ fit once all have stopped.
 
 Importing this package loads no gRPC: ``service`` and ``client`` are imported by name.
 """
-from .clock import AHEAD, FULL, GRANTED, GRANTS, REACHED, STOPPED, WAITING, EpochPlan, JobClock
+from .clock import AHEAD, FULL, GRANTED, GRANTS, REACHED, STOPPED, WAITING, EpochPlan, JobClock, passes_to
 
-__all__ = ["AHEAD", "FULL", "GRANTED", "GRANTS", "REACHED", "STOPPED", "WAITING", "EpochPlan", "JobClock"]
+__all__ = ["AHEAD", "FULL", "GRANTED", "GRANTS", "REACHED", "STOPPED", "WAITING", "EpochPlan", "JobClock",
+           "passes_to"]

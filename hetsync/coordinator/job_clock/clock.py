@@ -29,9 +29,16 @@ first allreduce.
 A rank that stopped (time budget, EarlyStopping, ``stop_training``) claims nothing; its Keras steps *wait* until
 the count reaches their boundary, which the ranks still training bring about.  When every rank has stopped the
 count cannot move any more: every wait returns at once from then on, and the clock names the **stop step**, one
-past the largest Keras step any rank has started.  Each rank starts every Keras step with a call until it knows
-the stop step, so no rank has started that step when it is named, and each learns it no later than at its start.
-Every rank leaves ``fit`` after that step: the same number of Keras steps everywhere, a few after the last stop.
+past the largest Keras step any rank has started or *passes* (below).  Each rank starts every Keras step with a call
+until it knows the stop step, but for the steps it passes, so no rank has started that step when it is named, and
+each learns it no later than at its start.  Every rank leaves ``fit`` after that step: the same number of Keras
+steps everywhere, a few after the last stop.
+
+**Passing without a call.**  The count only grows, so a claim's answer that ends the rank's Keras step (FULL, or
+GRANTED up to the slice's end) also tells it which of the epoch's next Keras steps are full already: it passes
+them without asking (``passes_to``; the clock computes the same from the same answer and counts the rank as having
+started them).  A slow rank whose one train step outlasted many slices passes them all for one call, instead of one
+call each to a coordinator that may itself be throttled.
 
 Epochs are numbered by the ranks (their count of hetsync Keras epochs, the same on every rank).  Positions are the
 ranks' cumulative Keras step counts (training/rank_state.py), the same numbering the Switch Board uses.
@@ -59,6 +66,16 @@ class EpochPlan:
         return math.ceil((step + 1) * self.total / self.keras_steps)
 
 
+def passes_to(plan, step, position, count):
+    """The last Keras step (cumulative, like ``position``) that a rank in Keras step ``step`` passes without a call
+    once it heard ``count``: every later step of the epoch whose slice ``count`` fills (``position`` itself when
+    none).  The rank and the clock both compute it, from the same answer."""
+    last = step
+    while last + 1 < plan.keras_steps and plan.boundary(last + 1) <= count:
+        last += 1
+    return position + last - step
+
+
 class JobClock:
     """Counts for ``size`` ranks.  Every method is called under one lock by the service."""
 
@@ -68,6 +85,7 @@ class JobClock:
         self.plans = {}                     # epoch -> EpochPlan (every rank sends the same)
         self.claimed = [0] * self.size      # per rank, over the job (reports)
         self.positions = [-1] * self.size   # last Keras step each rank started (cumulative)
+        self.passes = [-1] * self.size      # last Keras step each rank passes without a call (``passes_to``)
         self.stopped = [False] * self.size
         self.calls = [0] * self.size        # per rank, claims since its fit began (2: its first train step is done)
         self.ahead = [0] * self.size        # per rank, AHEAD grants since its fit began (at most its share)
@@ -115,11 +133,21 @@ class JobClock:
         ahead = (self.counts[epoch] < plan.total and self.ahead[rank] < math.ceil(plan.total / self.size)
                  and self._someone_starting())
         if self.counts[epoch] >= plan.boundary(step) and not (force or ahead):
-            return FULL, self.counts[epoch]
+            return self._ends(rank, FULL, epoch, step, position, plan)
         self.counts[epoch] += 1
         self.claimed[rank] += 1
         self.ahead[rank] += ahead
-        return (AHEAD if ahead else GRANTED), self.counts[epoch]
+        if ahead:
+            return AHEAD, self.counts[epoch]
+        return self._ends(rank, GRANTED, epoch, step, position, plan)
+
+    def _ends(self, rank, status, epoch, step, position, plan):
+        """An answer after which the rank's Keras step may end (FULL, or GRANTED with the slice full): it passes the
+        next full ones without a call."""
+        count = self.counts[epoch]
+        if count >= plan.boundary(step):
+            self.passes[rank] = max(self.passes[rank], passes_to(plan, step, position, count))
+        return status, count
 
     def _someone_starting(self):
         """Some rank has not finished its first train step of the fit: it has claimed at most once since it began
@@ -139,7 +167,7 @@ class JobClock:
         self._seen(rank, position)
         self.stopped[rank] = True
         if all(self.stopped) and self.stop_at is None:
-            self.stop_at = max(self.positions) + 1
+            self.stop_at = max(self.positions + self.passes) + 1
         return self.stop_at
 
     def resume(self, rank):
@@ -147,8 +175,10 @@ class JobClock:
         claims before all have resumed): the rank trains again, and the last fit's stop step is forgotten."""
         self.stopped[rank] = False
         self.calls[rank] = self.ahead[rank] = 0
+        self.passes[rank] = -1
         self.stop_at = None
 
     def metrics(self):
-        return {"claimed": list(self.claimed), "positions": list(self.positions), "stopped": list(self.stopped),
+        return {"claimed": list(self.claimed), "positions": list(self.positions), "passes": list(self.passes),
+                "stopped": list(self.stopped),
                 "stop_at": self.stop_at, "counts": dict(self.counts)}
