@@ -34,13 +34,14 @@ def test_each_one_process_row_gives_what_the_page_says(code, message):
 
 
 def test_rows_that_need_other_ranks_raise_on_every_rank():
-    """Different sync modes on two ranks, an option invalid on rank 1 only, Horovod's broadcast callback on rank 0
-    only: the same ValueError on both ranks (no collective left hanging), and the job goes on to train
-    (tests/mpi/bad_input.py ranks)."""
+    """Different sync modes on two ranks, an option invalid on rank 1 only, Horovod's broadcast callback or a
+    SyncModeCallback on rank 0 only: the same ValueError on both ranks (no collective left hanging), and the job
+    goes on to train (tests/mpi/bad_input.py ranks)."""
     for quoted in ("ranks [1] were given other arguments than rank 0",
                    "hetsync.DistributedOptimizer failed on rank(s) [1]:",
                    "BroadcastGlobalVariablesCallback is passed on ranks [0] with roots [0], but every rank must pass "
-                   "it with the same root_rank"):
+                   "it with the same root_rank",
+                   "ranks [1] differ from rank 0 in having a hetsync.callbacks.SyncModeCallback"):
         assert quoted in SECTION, quoted
     proc = run_mpi(2, "tests/mpi/bad_input.py", "ranks", timeout=180)
     assert_ok(proc, 2)

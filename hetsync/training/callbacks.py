@@ -59,7 +59,7 @@ class SyncPoints(tf.keras.callbacks.Callback):
         state = self.state
         state.model = self.model
         if state.broadcast_from is not None:  # before anything reads the weights (every rank: the roots agreed)
-            initial_state.broadcast_before_first_step(self.model, state.broadcast_from)
+            initial_state.broadcast_before_first_step(self.model, state.broadcast_from, state.shape_rows)
         state.begin_fit()
         # Per-train-step callbacks (hetsync.testing.SlowdownCallback / EmulatedComputeCallback) run inside the step: the state
         # machine calls them, or, in modes whose Keras step is several local iterations (ESync), the mode does.
@@ -83,23 +83,16 @@ class SyncPoints(tf.keras.callbacks.Callback):
         switching.pretrace(self.state, iterator)
 
     def _start_switching(self):
-        """Live switches need every rank to report to the Switch Board, at the same cadence: all ranks or none
-        (checked here, once per fit, with one small Horovod allgather), else a switch would wait forever for a
-        rank that never hears of it."""
+        """Live switches: every rank reports to the Switch Board, at the same cadence, or none does (agreed in
+        fit's one agreement across ranks: options.check_switching)."""
         state = self.state
         state.family = marks.family_of(self.model.optimizer)
         modes = [cb for cb in self.user_callbacks if isinstance(cb, hooks.SwitchSchedule)]
         for cb in modes:
             cb.bind(state)
         state.verbose = all(cb.verbose for cb in modes)
-        wanted = state.family is not None and (bool(modes) or state.family.auto is not None)
-        every = state.family.report_every if state.family is not None else 1
-        options.agree("switching", [1 if wanted else 0, every], lambda ranks: (
-            f"ranks {ranks} differ from rank 0 in having a hetsync.callbacks.SyncModeCallback callback (or sync='auto') or "
-            "in sync='auto''s report_every: pass the same callbacks and options on every rank, as for Horovod's "
-            "callbacks"))
-        self.switching = wanted
-        if wanted:
+        self.switching = state.switching_wanted
+        if self.switching:
             self.board = _runtime.services().switch_client()
 
     def on_epoch_begin(self, epoch, logs=None):

@@ -23,7 +23,6 @@ import logging
 import tensorflow as tf
 
 from hetsync.algorithms._wrap import optimizer_variables
-from hetsync.training import options
 
 log = logging.getLogger("hetsync.training")
 
@@ -57,24 +56,38 @@ def check_roots(roots):
                      f"(ranks without it: {[r for r, root in enumerate(roots) if root < 0]})")
 
 
-def broadcast_before_first_step(model, callback):
+def _variables(model, callback):
+    """(model variables the callback does not hold local, optimizer variables), empty while the model is not
+    built.  (register_local_var: kept per rank, as Horovod does.)"""
+    if not model.built:
+        return [], []
+    local = getattr(callback, "_local_vars", set()) if callback is not None else set()
+    return [v for v in model.variables if v.ref() not in local], optimizer_variables(model.optimizer)
+
+
+def shape_row(model, callback):
+    """This rank's [built, model variables, optimizer variables]: its columns of fit's one agreement across ranks
+    (keras_fit._prepare), which :func:`broadcast_before_first_step` reads instead of a gather of its own."""
+    model_vars, optimizer_vars = _variables(model, callback)
+    return [int(model.built), len(model_vars), len(optimizer_vars)]
+
+
+def broadcast_before_first_step(model, callback, rows):
     """Collective when every rank agreed on a root (check_roots): rank ``root``'s model variables (those the
     callback does not hold local) and, when every rank has built them alike, its optimizer variables (step count
-    and slots), before the fit's first step.  Returns what was broadcast: "model+optimizer", "model" or None."""
+    and slots), before the fit's first step, in one broadcast per dtype.  ``rows``: every rank's
+    :func:`shape_row`, as gathered.  Returns what was broadcast: "model+optimizer", "model" or None."""
     import horovod.tensorflow as hvd
 
-    local = getattr(callback, "_local_vars", set())  # (register_local_var: kept per rank, as Horovod does)
-    model_vars = [v for v in model.variables if v.ref() not in local] if model.built else []
-    optimizer_vars = optimizer_variables(model.optimizer) if model.built else []
-    rows = options.gather("initial_broadcast", [int(model.built), len(model_vars), len(optimizer_vars)])
+    model_vars, optimizer_vars = _variables(model, callback)
     if not all(row[0] for row in rows) or len({row[1] for row in rows}) > 1:
         log.info("model not built alike on every rank before the first step: rank %d's variables are broadcast "
                  "by Horovod's callback at the first batch's end only", callback.root_rank)
         return None
-    _broadcast(hvd, model_vars, callback.root_rank, "model")
     if len({row[2] for row in rows}) > 1 or not optimizer_vars:
+        _broadcast(hvd, model_vars, callback.root_rank, "model")
         return "model"
-    _broadcast(hvd, optimizer_vars, callback.root_rank, "optimizer")
+    _broadcast(hvd, model_vars + optimizer_vars, callback.root_rank, "model+optimizer")
     callback.broadcast_done = True  # done, for everything it broadcasts: see the module's docstring
     return "model+optimizer"
 
@@ -87,7 +100,9 @@ def _broadcast(hvd, variables, root, what):
     The values of one dtype go flattened into one tensor, one broadcast each.  One eager broadcast per variable
     waited for a Horovod negotiation each: a rank at a twentieth of a core took 16 s for the benchmark model's 25
     variables while the others waited, 8 s with all of them in one ``tf.function`` (its trace), and under 3 s
-    flattened (8 ranks, ``benchmarks/run.py --scenarios 8-workers``, one job each)."""
+    flattened (8 ranks, ``benchmarks/run.py --scenarios 8-workers``, one job each).  The model's and the
+    optimizer's variables go together, and the ranks' shapes come with fit's one agreement: each collective less
+    is a negotiation less with a throttled rank."""
     groups = {}
     for v in variables:  # dtypes in order of first position: alike on every rank
         value = v.read_value()

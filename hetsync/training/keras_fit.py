@@ -2,8 +2,9 @@
 
 Nothing global is replaced: the user calls this front door for a model compiled with a hetsync optimizer (plain
 ``model.fit`` of such a model is refused, training/front_door.py).  It plans the fit's epochs with the other ranks
-(one small Horovod allgather: every rank's ``steps_per_epoch``), puts :class:`~hetsync.training.callbacks.SyncPoints`
-first and :class:`~hetsync.training.callbacks.StopVote` last in the callback list (before it,
+(one small Horovod allgather: every rank's ``steps_per_epoch`` and whatever else must agree: each collective at the
+start is a negotiation with the slowest rank), puts :class:`~hetsync.training.callbacks.SyncPoints` first and
+:class:`~hetsync.training.callbacks.StopVote` last in the callback list (before it,
 :class:`~hetsync.training.saved_mode.ModeStamp` stamps the user's HDF5 checkpoints with the mode in force), and
 hands Keras the same number of Keras steps per epoch on every rank.  Any other model is handed to its own ``fit`` unchanged.
 
@@ -39,9 +40,6 @@ def fit(model, args, kwargs):
         compat.horovod_optimizer_warning(model, _runtime.is_initialized())
         return model.fit(*args, **kwargs)
     arguments = _prepare(model, args, kwargs, algorithm)
-    if model.train_function is not None and not hasattr(model.train_function, "_hetsync_inner"):
-        model.train_function = None  # a refused plain fit's: its failed first trace cannot make variables again
-    _build_before_trace(model, arguments.get("x"))
     if model.built:  # the mode's own per-variable state, also before the first trace (SyncAlgorithm.build)
         algorithm.build(model.trainable_variables)
     front_door.entering("fit")
@@ -118,9 +116,16 @@ def _prepare(model, args, kwargs, algorithm):
                                  auto=family is not None and bool(family.auto))
     per_execution = compat.steps_per_execution(model)
     broadcast = initial_state.broadcast_callback(user)
-    rows = options.gather("steps_per_epoch", [-3 if bad else (own if own is not None else -1), report_ms,
-                                              1 if refusal else 0, per_execution, initial_state.root_of(broadcast),
-                                              saved_mode.code(family), rank_state.position()])
+    if model.train_function is not None and not hasattr(model.train_function, "_hetsync_inner"):
+        model.train_function = None  # a refused plain fit's: its failed first trace cannot make variables again
+    _build_before_trace(model, x)  # before the agreement: it carries the variables' counts (initial_state.py)
+    # fit's one agreement across ranks (each collective is a negotiation with the slowest rank): the epoch plan,
+    # the report, refusals, steps_per_execution, the broadcast's root and shapes, the saved mode, positions, and
+    # live switching
+    rows = options.gather("fit", [-3 if bad else (own if own is not None else -1), report_ms, 1 if refusal else 0,
+                                  per_execution, initial_state.root_of(broadcast), saved_mode.code(family),
+                                  rank_state.position(), *initial_state.shape_row(model, broadcast),
+                                  *options.switching_row(family, user)])
     steps = [row[0] for row in rows]
     if -3 in steps:  # raised on every rank, after the gather, so no rank is left waiting in a collective
         wrong = [r for r, s in enumerate(steps) if s == -3]
@@ -133,6 +138,7 @@ def _prepare(model, args, kwargs, algorithm):
         raise ValueError(f"fit refused on rank(s) {refusing}: their model or compile settings are not supported by "
                          "the sync mode (their error names it; docs/compatibility.md)")
     initial_state.check_roots([row[4] for row in rows])
+    switching_wanted = options.check_switching([row[10:12] for row in rows])
     rank_state.align_position(row[6] for row in rows)
     saved_mode.check([row[5] for row in rows], initial_state.root_of(broadcast))
     if any(row[3] != 1 for row in rows) and len(set(steps)) > 1:
@@ -159,6 +165,8 @@ def _prepare(model, args, kwargs, algorithm):
             state.own_steps = own  # per-rank epochs: this rank's batches past its own count are idle steps
     state.report = report.ReportFeed.agreed([row[1] for row in rows])
     state.broadcast_from = broadcast
+    state.shape_rows = [row[7:10] for row in rows]
+    state.switching_wanted = switching_wanted
     state.saved_modes = [row[5] for row in rows]  # resumed in at the fit's start (SyncPoints, saved_mode.py)
     head = SyncPoints(state, user, plan)
     arguments["callbacks"] = [head] + user + [ModeStamp(head, user), StopVote(head)]

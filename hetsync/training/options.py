@@ -5,7 +5,7 @@ never imports ``hetsync.callbacks`` and ``hetsync.testing`` (no import circle).
 """
 import itertools
 
-from hetsync.training.hooks import ConsensusSchedule
+from hetsync.training.hooks import ConsensusSchedule, SwitchSchedule
 
 _AGREEMENTS = itertools.count()
 
@@ -20,19 +20,24 @@ def consensus_options(user_callbacks, algorithm):
     return algorithm.consensus_every or "epoch", True, algorithm.consensus_epochs
 
 
-def agree(what, values, message):
-    """Collective (one small Horovod allgather): raises ValueError on every rank, naming the ranks whose
-    ``values`` (a list of ints) differ from rank 0's, with ``message(ranks)``."""
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
+def switching_row(family, user_callbacks):
+    """This rank's [wanted, report_every] for live switches: a SyncModeCallback (or sync="auto") on a hetsync
+    optimizer.  Columns of fit's one agreement across ranks (keras_fit._prepare)."""
+    wanted = family is not None and (any(isinstance(cb, SwitchSchedule) for cb in user_callbacks)
+                                     or family.auto is not None)
+    return [1 if wanted else 0, family.report_every if family is not None else 1]
 
-    values = [int(v) for v in values]
-    everyone = hvd.allgather(tf.constant([values], tf.int64), name=f"hetsync.agree.{what}.{next(_AGREEMENTS)}")
-    rows = everyone.numpy().tolist()
-    differ = [r for r, row in enumerate(rows) if row != rows[0]]
+
+def check_switching(rows):
+    """Live switches need every rank to report to the Switch Board, at the same cadence: all ranks or none, else
+    a switch would wait forever for a rank that never hears of it.  Raised on every rank (``rows``: every rank's
+    :func:`switching_row`, as gathered); returns whether switching is wanted."""
+    differ = [r for r, row in enumerate(rows) if list(row) != list(rows[0])]
     if differ:
-        raise ValueError(message(differ))
-    return rows
+        raise ValueError(f"ranks {differ} differ from rank 0 in having a hetsync.callbacks.SyncModeCallback callback "
+                         "(or sync='auto') or in sync='auto''s report_every: pass the same callbacks and options on "
+                         "every rank, as for Horovod's callbacks")
+    return bool(rows[0][0])
 
 
 def gather(what, values):

@@ -70,6 +70,8 @@ class RankState:
         self.report = None        # training/report.py ReportFeed, when any rank has a HeterogeneityReportCallback
         self.broadcast_from = None  # the user's Horovod broadcast callback, honoured at fit start (initial_state.py)
         self.saved_modes = []     # every rank's saved-mode code (training/saved_mode.py), from fit's agreement
+        self.shape_rows = []      # every rank's initial_state.shape_row, from fit's agreement
+        self.switching_wanted = False  # live switches in this fit (options.check_switching), from fit's agreement
 
     # -- the state (training/lifecycle.py) --------------------------------------------------------------------------
     @property

@@ -53,6 +53,13 @@ def ranks():
     except ValueError as exc:
         assert "BroadcastGlobalVariablesCallback is passed on ranks [0] with roots [0], but every rank must pass it " \
                "with the same root_rank" in str(exc), f"rank {rank}: {exc!s}"
+    switch_on_one = [hetsync.callbacks.SyncModeCallback()] if rank == 0 else []
+    try:
+        hetsync.keras.fit(model, data(), steps_per_epoch=5, epochs=2, verbose=0, callbacks=switch_on_one)
+        raise AssertionError(f"rank {rank}: a SyncModeCallback on rank 0 only was accepted")
+    except ValueError as exc:
+        assert "ranks [1] differ from rank 0 in having a hetsync.callbacks.SyncModeCallback" in str(exc), \
+            f"rank {rank}: {exc!s}"
     hetsync.keras.fit(model, data(), steps_per_epoch=5, epochs=2, verbose=0,
                       callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
     print(f"OK rank={rank}", flush=True)
