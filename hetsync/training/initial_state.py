@@ -87,7 +87,7 @@ def broadcast_before_first_step(model, callback, rows):
     if len({row[2] for row in rows}) > 1 or not optimizer_vars:
         _broadcast(hvd, model_vars, callback.root_rank, "model")
         return "model"
-    _broadcast(hvd, model_vars + optimizer_vars, callback.root_rank, "model+optimizer")
+    _broadcast(hvd, model_vars + optimizer_vars, callback.root_rank, "model_optimizer")
     callback.broadcast_done = True  # done, for everything it broadcasts: see the module's docstring
     return "model+optimizer"
 
