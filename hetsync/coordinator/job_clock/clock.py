@@ -69,10 +69,10 @@ class EpochPlan:
 def passes_to(plan, step, position, count):
     """The last Keras step (cumulative, like ``position``) that a rank in Keras step ``step`` passes without a call
     once it heard ``count``: every later step of the epoch whose slice ``count`` fills (``position`` itself when
-    none).  The rank and the clock both compute it, from the same answer."""
-    last = step
-    while last + 1 < plan.keras_steps and plan.boundary(last + 1) <= count:
-        last += 1
+    none).  The rank and the clock both compute it, from the same answer.  ``boundary(k) <= count`` holds exactly
+    for ``k + 1 <= count * keras_steps // total`` (a ceiling is at most an integer when its argument is)."""
+    full = count * plan.keras_steps // plan.total - 1  # the last Keras step whose slice ``count`` fills
+    last = min(max(step, full), plan.keras_steps - 1)
     return position + last - step
 
 
