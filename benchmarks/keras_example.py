@@ -26,7 +26,9 @@ different start-up (imports, the model built under a slow node's quota).  Runs s
 skew, while hetsync's training layer had waited it out in its gather before ``on_train_begin``
 (docs/benchmarks.md, "The clock").  ``fit_begin_s`` is the time from the start to ``on_train_begin``.  Rank 0
 evaluates its own model on the held-out set every ``--eval-every`` of its batches and at the end; ``curve`` holds
-(seconds since the start, accuracy, loss), so the time to a target accuracy is read off it.  Each rank writes
+(seconds since the start, accuracy, loss), so the time to a target accuracy is read off it.  ``cpu_s`` and
+``epoch_cpu`` are the rank's process CPU seconds (every thread) from the start to the end of training and to each
+epoch's end: what its quota let it use.  Each rank writes
 ``rank<R>.json`` under ``--out``.
 """
 import argparse
@@ -126,12 +128,13 @@ class Clock(tf.keras.callbacks.Callback):
     def __init__(self, x_test, y_test, eval_every, evaluate):
         super().__init__()
         self.x_test, self.y_test, self.eval_every, self.evaluate = x_test, y_test, eval_every, evaluate
-        self.t0 = self.train_s = self.fit_begin_s = None
-        self.batches, self.curve, self.epoch_ends = 0, [], []
+        self.t0 = self.train_s = self.fit_begin_s = self.cpu0 = self.cpu_s = None
+        self.batches, self.curve, self.epoch_ends, self.epoch_cpu = 0, [], [], []
 
     def start(self):
         """The clock's zero: after the allreduce every rank makes just before fit (see the module docstring)."""
         self.t0 = time.monotonic()
+        self.cpu0 = time.process_time()  # this rank's CPU (every thread): what its quota let it use, and on what
 
     def on_train_begin(self, logs=None):
         self.fit_begin_s = time.monotonic() - self.t0
@@ -143,9 +146,11 @@ class Clock(tf.keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self.epoch_ends.append(round(time.monotonic() - self.t0, 3))  # epochs 2..N: the steady state, no first trace
+        self.epoch_cpu.append(round(time.process_time() - self.cpu0, 3))
 
     def on_train_end(self, logs=None):
         self.train_s = time.monotonic() - self.t0
+        self.cpu_s = round(time.process_time() - self.cpu0, 3)
         if self.evaluate:
             self.point()
 
@@ -209,7 +214,8 @@ def main(argv=None):
         json.dump({"rank": rank, "size": size, "sync": args.sync, "clock": "common-start", "train_s": clock.train_s,
                    "fit_begin_s": clock.fit_begin_s, "fit_s": fit_s,
                    "batches": clock.batches, "curve": clock.curve,
-                   "epoch_ends": clock.epoch_ends, "switches": switches}, f)
+                   "epoch_ends": clock.epoch_ends, "cpu_s": clock.cpu_s, "epoch_cpu": clock.epoch_cpu,
+                   "switches": switches}, f)
     print(f"rank {rank}: {args.sync} train {clock.train_s:.1f} s, fit {fit_s:.1f} s, {clock.batches} batches"
           + (f", final accuracy {clock.curve[-1][1]:.3f}" if clock.curve else ""), flush=True)
 

@@ -6,7 +6,10 @@ one with 0.45, for TensorFlow's compute, Horovod's and hetsync's threads alike -
 (a shared node's quota moving mid-run), and removed at the end; benchmarks/in_cgroup.sh moves each rank into its
 group before it execs the training script.
 """
+import json
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -59,6 +62,38 @@ class Quotas:
             out.append(int(open(path).read()) / 1e9 if os.path.exists(path) else None)
         return out
 
+    def phases(self, seconds=0.6):
+        """Each group's CFS period phase in seconds after group 0's, measured.  A group's phase is fixed for its life
+        (idle gaps included) and differs between groups at random: not by when a group was made, its quota set or
+        anything first ran in it (each tried, measured with this).  Plain Horovod's pace under quotas depends on
+        the slow rank's phase against the others' (docs/benchmarks.md, "Per-run probe"), so every repeat gets new
+        groups and its record these phases.  A spinner in each group, at a quota of
+        2% for the while (so that no spinner waits for another's CPU, only for its period), notes when it resumes
+        after a throttle.  The quotas are set back after."""
+        quotas = [open(os.path.join(self._group(r), "cpu.cfs_quota_us")).read().strip() for r in range(self.ranks)]
+        for r in range(self.ranks):
+            self._write(r, "cpu.cfs_quota_us", PERIOD_US // 50)
+        try:
+            procs = [_spin_in(self._group(r), seconds, report=True) for r in range(self.ranks)]
+            resumed = [json.loads(p.communicate()[0] or "null") for p in procs]
+        finally:
+            for r, quota in enumerate(quotas):
+                self._write(r, "cpu.cfs_quota_us", quota)
+        if resumed[0] is None:
+            return [None] * self.ranks
+        period = PERIOD_US / 1e6
+        return [None if t is None else round((t - resumed[0]) % period, 4) for t in resumed]
+
+    def throttling(self):
+        """Each rank's group's ``cpu.stat`` counters now: scheduler periods, periods that throttled it, and seconds
+        throttled (stored per run as the difference over the job: how much of its quota's windows a rank waited)."""
+        out = []
+        for r in range(self.ranks):
+            stat = dict(line.split() for line in open(os.path.join(self._group(r), "cpu.stat")))
+            out.append({"periods": int(stat["nr_periods"]), "throttled": int(stat["nr_throttled"]),
+                        "throttled_s": int(stat["throttled_time"]) / 1e9})
+        return out
+
     def remove(self):
         """Removes the groups (a group with processes left in it stays: a failed job's ranks are killed first)."""
         for r in range(self.ranks):
@@ -70,6 +105,46 @@ class Quotas:
             os.rmdir(self.path)
         except OSError:
             pass
+
+
+_SPINNER = """
+import sys, time
+open(sys.argv[1] + "/cgroup.procs", "w").write("0")  # this process joins the group (its start-up ran outside)
+end = time.monotonic() + float(sys.argv[2]); last = time.monotonic(); resumed = None
+while last < end:
+    now = time.monotonic()
+    if now - last > 0.004:
+        resumed = now
+    last = now
+print("null" if resumed is None else resumed)
+"""
+
+
+def _spin_in(group, seconds, report=False):
+    """A process that joins ``group``, spins for ``seconds`` and prints the last time it resumed after a pause."""
+    return subprocess.Popen([sys.executable, "-c", _SPINNER, group, str(seconds)],
+                            stdout=subprocess.PIPE if report else subprocess.DEVNULL, text=True)
+
+
+def machine_cpu():
+    """The whole machine's CPU seconds so far from /proc/stat: ``busy`` (every process's, the job's and any other),
+    ``idle`` and ``steal`` (taken by the hypervisor for other guests).  The difference over a job, set beside the
+    ranks' own CPU, says whether anything else ran on the machine meanwhile."""
+    fields = [int(v) for v in open("/proc/stat").readline().split()[1:]]
+    tick = os.sysconf("SC_CLK_TCK")
+    user, nice, system, idle, iowait, irq, softirq, steal = fields[:8]
+    return {"busy": (user + nice + system + irq + softirq) / tick, "idle": (idle + iowait) / tick,
+            "steal": steal / tick}
+
+
+def difference(after, before):
+    """``after - before`` key by key, for the nested dicts and lists of :func:`machine_cpu` and
+    :meth:`Quotas.throttling`, rounded to milliseconds."""
+    if isinstance(after, dict):
+        return {k: difference(after[k], before[k]) for k in after}
+    if isinstance(after, list):
+        return [difference(a, b) for a, b in zip(after, before)]
+    return round(after - before, 3)
 
 
 class Schedule(threading.Thread):

@@ -21,8 +21,10 @@ One JSON per run goes to ``--out`` (default ``benchmarks/results/<date>/``): the
 command, machine, quotas (and the quota changes as applied, in seconds after the launch or, for a scenario whose
 changes count from the training's start, after that), the HOROVOD_* variables the job ran with (Horovod's
 tuning knobs, such as HOROVOD_CYCLE_TIME), the job's wall time (launch to exit, the driver's
-clock) and every rank's own record (training time from fit's on_train_begin to on_train_end, fit's return, train
-steps, rank 0's accuracy curve); with ``--thread-cpu``, each rank's CPU seconds per thread.  benchmarks/tables.py
+clock), the probe (the machine's busy, idle and steal CPU seconds over the job, each rank group's throttled
+periods and seconds, and the groups' CFS period phases, measured before the repeat's first job: each repeat gets
+new groups) and every rank's own record (training time from fit's on_train_begin to on_train_end, fit's return, train
+steps, its CPU seconds, rank 0's accuracy curve); with ``--thread-cpu``, each rank's CPU seconds per thread.  benchmarks/tables.py
 makes the README's tables from them.  Prints [i/N] and an ETA.
 """
 import argparse
@@ -46,7 +48,7 @@ sys.path.insert(0, ROOT)
 
 from cluster_hosts import Cluster, launcher  # noqa: E402
 from common import Progress, run_streamed  # noqa: E402
-from quota import Quotas, Schedule  # noqa: E402
+from quota import Quotas, Schedule, difference, machine_cpu  # noqa: E402
 from stored import load, token_parts  # noqa: E402
 
 from hetsync.algorithms import available_modes, declared_options, departures  # noqa: E402
@@ -189,7 +191,7 @@ def settings(mode, options):
     return json.loads(json.dumps({**values, **options}, default=repr))
 
 
-def run_one(scenario, token, repeat, args, quotas, out):
+def run_one(scenario, token, repeat, args, quotas, out, phases=None):
     spec = SCENARIOS[scenario]
     mode, options = variant(token)
     n = len(spec["quotas"])
@@ -223,6 +225,7 @@ def run_one(scenario, token, repeat, args, quotas, out):
         env["HETSYNC_BENCH_CGROUP"] = quotas.path
         quotas.set(spec["quotas"])
     schedule = Schedule(quotas, spec.get("changes", []), zero_file)
+    probe_before = probe(quotas)
     began = time.monotonic()
     schedule.start()
     timed_out = False
@@ -235,6 +238,7 @@ def run_one(scenario, token, repeat, args, quotas, out):
     finally:
         schedule.stop()
     wall = time.monotonic() - began
+    machine_probe = dict(difference(probe(quotas), probe_before), phases=phases)
     ranks = []
     for r in range(n):
         path = os.path.join(work, f"rank{r}.json")
@@ -252,7 +256,7 @@ def run_one(scenario, token, repeat, args, quotas, out):
               "device": spec.get("device"), "hosts": spec.get("hosts"),
               "quota_changes": schedule.applied, "quota_changes_from": "training start" if zero_file else "launch",
               "returncode": proc.returncode, "timed_out": timed_out,
-              "job_wall_s": round(wall, 2),
+              "job_wall_s": round(wall, 2), "probe": machine_probe,
               "horovod_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("HOROVOD_")},
               "ranks": ranks}
     if thread_cpu is not None:
@@ -263,6 +267,12 @@ def run_one(scenario, token, repeat, args, quotas, out):
     with open(os.path.join(out, f"{scenario}--{token.replace('/', '.')}--{repeat}.json"), "w") as f:
         json.dump(record, f, indent=1)
     return record
+
+
+def probe(quotas):
+    """The machine's state a job's record holds as differences over the job (docs/benchmarks.md, "Per-run
+    probe"): the machine's CPU seconds (busy, idle, steal) and, with quotas, each rank group's throttling."""
+    return {"machine": machine_cpu(), "groups": quotas.throttling() if quotas is not None else []}
 
 
 def held_repeats(scenario, stored_runs):
@@ -325,17 +335,23 @@ def main(argv=None):
     for scenario in scenarios:
         spec = SCENARIOS[scenario]
         with cluster(spec) if "hosts" in spec else contextlib.nullcontext():
-            quotas = None if "hosts" in spec else Quotas(len(spec["quotas"]))
-            try:
-                for s, mode, repeat in [j for j in jobs if j[0] == scenario]:
-                    progress.begin(f"{s} {mode} run {repeat}")
-                    rec = run_one(s, mode, repeat, args, quotas, args.out)
-                    r0 = rec["ranks"][0] or {}
-                    progress.end(f"{s} {mode} run {repeat}: exit {rec['returncode']}, rank 0 trained "
-                                 f"{r0.get('train_s') or float('nan'):.1f} s, job {rec['job_wall_s']:.0f} s")
-            finally:
-                if quotas is not None:
-                    quotas.remove()
+            for repeat in sorted({k for s, _, k in jobs if s == scenario}):
+                # new groups per repeat: new CFS period phases, the same for every mode of the repeat (quota.phases)
+                quotas = None if "hosts" in spec else Quotas(len(spec["quotas"]))
+                try:
+                    phases = None
+                    if quotas is not None:
+                        quotas.set(spec["quotas"])
+                        phases = quotas.phases()
+                    for s, mode, k in [j for j in jobs if j[0] == scenario and j[2] == repeat]:
+                        progress.begin(f"{s} {mode} run {k}")
+                        rec = run_one(s, mode, k, args, quotas, args.out, phases)
+                        r0 = rec["ranks"][0] or {}
+                        progress.end(f"{s} {mode} run {k}: exit {rec['returncode']}, rank 0 trained "
+                                     f"{r0.get('train_s') or float('nan'):.1f} s, job {rec['job_wall_s']:.0f} s")
+                finally:
+                    if quotas is not None:
+                        quotas.remove()
     print(f"results: {args.out} (benchmarks/tables.py makes the tables)")
 
 

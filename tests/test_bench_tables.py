@@ -279,6 +279,41 @@ def test_a_record_stores_every_option_as_the_run_used_it():
     assert run.settings("horovod", {}) == {}
 
 
+class _Groups:
+    """Stands in for benchmarks/quota.Quotas (root needed): each made gets its own number, as its phases."""
+    made = 0
+
+    def __init__(self):
+        _Groups.made += 1
+        self.number, self.removed, self.quotas = _Groups.made, False, None
+
+    def set(self, quotas):
+        self.quotas = quotas
+
+    def phases(self):
+        return [self.number]
+
+    def remove(self):
+        self.removed = True
+
+
+def test_each_repeat_runs_its_modes_in_new_groups_whose_phases_its_records_hold(tmp_path, monkeypatch):
+    """The groups' CFS period phases decide plain Horovod's pace under quotas and stay fixed for a group's life:
+    one set of groups for a whole run of run.py made every repeat one draw.  Each repeat gets new groups, set to the
+    scenario's quotas before their phases are read, and every mode of the repeat runs in them with those phases."""
+    calls = []
+    monkeypatch.setattr(run, "run_one", lambda *a: calls.append((a[1], a[2], a[4], a[6])) or {
+        "ranks": [None], "returncode": 0, "job_wall_s": 0})
+    monkeypatch.setattr(run, "Quotas", lambda n: _Groups())
+    run.main(["--scenarios", "slow-node", "--modes", "horovod,esync", "--repeats", "2", "--out", str(tmp_path)])
+    assert [(mode, repeat) for mode, repeat, _, _ in calls] == [("horovod", 1), ("esync", 1), ("horovod", 2),
+                                                               ("esync", 2)]
+    first, second = calls[0][2], calls[2][2]
+    assert first is calls[1][2] and second is calls[3][2] and first is not second
+    assert [c[3] for c in calls] == [[first.number]] * 2 + [[second.number]] * 2
+    assert first.removed and second.removed and first.quotas == run.SCENARIOS["slow-node"]["quotas"]
+
+
 def test_a_new_run_lands_in_a_repeat_no_stored_run_holds(tmp_path, monkeypatch, capsys):
     """Repeat k of a mode is paired with repeat k of plain Horovod: a job added to a held repeat would pair with a
     Horovod run made at another time.  By default run.py numbers each scenario's new repeats past its stored ones;
@@ -296,7 +331,7 @@ def test_a_new_run_lands_in_a_repeat_no_stored_run_holds(tmp_path, monkeypatch, 
     jobs = []
     monkeypatch.setattr(run, "run_one", lambda *a: jobs.append(a[:3]) or {"ranks": [None], "returncode": 0,
                                                                           "job_wall_s": 0})
-    monkeypatch.setattr(run, "Quotas", lambda n: type("Q", (), {"remove": lambda self: None})())
+    monkeypatch.setattr(run, "Quotas", lambda n: _Groups())
     held = run.held_repeats("slow-node", stored.load())
     assert held, "the stored slow-node runs"
     argv = ["--scenarios", "slow-node", "--modes", "horovod", "--repeats", "1"]
