@@ -10,7 +10,8 @@ MODE/KEY=VALUE``: a paper's own rule beside our default), each against its mode'
 ``<!-- bench-modes: MODE,MODE -->`` block (a mode's page) holds those modes' rows of every stored scenario, each
 against plain Horovod. A ``<!-- bench-threads: FOLDER -->`` block is made the same way from the runs stored with
 ``run.py --thread-cpu`` under benchmarks/thread-profiles/FOLDER/ (a subfolder names a condition of its runs, such as
-an environment variable set for them): where each rank's CPU went, per thread. A figure in running text sits between
+an environment variable set for them): where each rank's CPU went, per thread. A ``<!-- bench-probe: SCENARIO
+runs=A-B -->`` block holds each run's probe (benchmarks/probes.py). A figure in running text sits between
 ``<!-- fig: SCENARIO MODE COLUMN [vs=MODE] [runs=A-B] [stat=S] -->`` and ``<!-- /fig -->`` (benchmarks/figures.py;
 MODE may be a variant's token). What each column reads off a run is in benchmarks/stored.py. Per mode, over the
 scenario's repeats: rank 0's training time (fit's on_train_begin to on_train_end) as median and range; the speedup
@@ -28,6 +29,7 @@ import os
 import re
 import sys
 
+import probes
 from figures import FIGURE, FORMATS, figure
 from stored import (BASELINE, TARGET, after_first_epoch, former_default, load, ok, runs_label, spread, summary,
                     timed_alike, token_parts)
@@ -293,6 +295,7 @@ def render(text, runs):
         raise ValueError("a <!-- fig: ... --> without its own <!-- /fig --> (a figure may not hold another)")
     text = FIGURE.sub(lambda m: f"<!-- fig: {m.group('spec')} -->{figure(m.group('spec'), runs)}<!-- /fig -->", text)
     text = MODES_BLOCK.sub(lambda m: m.group(1) + modes_table(m.group("modes").split(","), runs) + m.group(4), text)
+    text = probes.render(text, runs)
     return THREADS.sub(lambda m: m.group(1) + threads_table(m.group("folder")) + m.group(4), text)
 
 

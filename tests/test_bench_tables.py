@@ -10,6 +10,7 @@ from conftest import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import figures  # noqa: E402
+import probes  # noqa: E402
 import run  # noqa: E402
 import stored  # noqa: E402
 import tables  # noqa: E402
@@ -277,6 +278,25 @@ def test_a_record_stores_every_option_as_the_run_used_it():
     assert run.settings("eager-solo", {"late": "algorithm5"})["late"] == "algorithm5"
     assert json.loads(json.dumps(run.settings("esync", {"non_blocking": True})))["non_blocking"] is True
     assert run.settings("horovod", {}) == {}
+
+
+def test_a_probe_row_reads_the_fast_ranks_by_quota_and_leaves_out_runs_without_a_probe():
+    """The slow rank is the one with the smallest quota wherever it sits, the fast ranks those with the largest (a
+    rank in between is neither); phases are in ms after group 0's.  A run stored before the probe has no row."""
+    rec = _record("horovod", 7, 50.0, [(5.0, 0.5, 1.0)], epoch_ends=[20.0, 35.0, 50.0])
+    rec.update(quotas=[0.45, 0.09, 0.45, 0.2], probe={
+        "machine": {"busy": 1, "idle": 1, "steal": 0}, "phases": [0.0, 0.0374, 0.0991, 0.0006],
+        "groups": [{"periods": 100, "throttled": 50, "throttled_s": 1}, {"periods": 90, "throttled": 90,
+                                                                         "throttled_s": 5},
+                   {"periods": 100, "throttled": 70, "throttled_s": 1}, {"periods": 9, "throttled": 0,
+                                                                         "throttled_s": 0}]})
+    rec["ranks"] = [dict(rec["ranks"][0], cpu_s=10.0), {"rank": 1, "cpu_s": 2.5}, {"rank": 2, "cpu_s": 14.0},
+                    {"rank": 3, "cpu_s": 99.0}]
+    assert probes.row(rec) == ["7", "plain Horovod", "50.0", "30.0", "12.0 / 2.5", "60% / 100%", "0 37 99 1"]
+    old = _record("esync", 7, 40.0, [(5.0, 0.5, 1.0)])
+    table = probes.probe_table("s", {"horovod": {7: rec}, "esync": {7: old}}, 1, 9)
+    assert "| 7 | plain Horovod |" in table and "`esync`" not in table
+    assert "No stored run of `s` with a probe in runs 8-9" in probes.probe_table("s", {"horovod": {7: rec}}, 8, 9)
 
 
 class _Groups:
