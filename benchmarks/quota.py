@@ -66,15 +66,14 @@ class Quotas:
         """Each group's CFS period phase in seconds after group 0's, measured.  A group's phase is fixed for its life
         (idle gaps included) and differs between groups at random: not by when a group was made, its quota set or
         anything first ran in it (each tried, measured with this).  Plain Horovod's pace under quotas depends on
-        the slow rank's phase against the others' (docs/benchmarks.md, "Per-run probe"), so every repeat gets new
-        groups and its record these phases.  A spinner in each group, at a quota of
-        2% for the while (so that no spinner waits for another's CPU, only for its period), notes when it resumes
-        after a throttle.  The quotas are set back after."""
+        the phases (docs/benchmarks.md, "Per-run probe"), so every repeat gets new groups and its records these
+        phases.  A spinner in each group, at a quota of 2% for the while (so that no spinner waits for another's
+        CPU, only for its period), notes when it resumes after a throttle.  The quotas are set back after."""
         quotas = [open(os.path.join(self._group(r), "cpu.cfs_quota_us")).read().strip() for r in range(self.ranks)]
         for r in range(self.ranks):
             self._write(r, "cpu.cfs_quota_us", PERIOD_US // 50)
         try:
-            procs = [_spin_in(self._group(r), seconds, report=True) for r in range(self.ranks)]
+            procs = [_spin_in(self._group(r), seconds) for r in range(self.ranks)]
             resumed = [json.loads(p.communicate()[0] or "null") for p in procs]
         finally:
             for r, quota in enumerate(quotas):
@@ -120,10 +119,10 @@ print("null" if resumed is None else resumed)
 """
 
 
-def _spin_in(group, seconds, report=False):
+def _spin_in(group, seconds):
     """A process that joins ``group``, spins for ``seconds`` and prints the last time it resumed after a pause."""
-    return subprocess.Popen([sys.executable, "-c", _SPINNER, group, str(seconds)],
-                            stdout=subprocess.PIPE if report else subprocess.DEVNULL, text=True)
+    return subprocess.Popen([sys.executable, "-c", _SPINNER, group, str(seconds)], stdout=subprocess.PIPE,
+                            text=True)
 
 
 def machine_cpu():
