@@ -122,26 +122,27 @@ def _prepare(model, args, kwargs, algorithm):
     # fit's one agreement across ranks (each collective is a negotiation with the slowest rank): the epoch plan,
     # the report, refusals, steps_per_execution, the broadcast's root and shapes, the saved mode, positions, and
     # live switching
-    rows = options.gather("fit", [-3 if bad else (own if own is not None else -1), report_ms, 1 if refusal else 0,
-                                  per_execution, initial_state.root_of(broadcast), saved_mode.code(family),
-                                  rank_state.position(), *initial_state.shape_row(model, broadcast),
-                                  *options.switching_row(family, user)])
-    steps = [row[0] for row in rows]
+    agreed = options.gather_parts("fit", {
+        "steps": -3 if bad else (own if own is not None else -1), "report_ms": report_ms,
+        "refusal": 1 if refusal else 0, "per_execution": per_execution, "root": initial_state.root_of(broadcast),
+        "saved_mode": saved_mode.code(family), "position": rank_state.position(),
+        "shapes": initial_state.shape_row(model, broadcast), "switching": options.switching_row(family, user)})
+    steps = agreed["steps"]
     if -3 in steps:  # raised on every rank, after the gather, so no rank is left waiting in a collective
         wrong = [r for r, s in enumerate(steps) if s == -3]
         raise ValueError(f"steps_per_epoch must be a positive int or None; ranks {wrong} passed something else "
                          f"(this rank: {own!r})")
-    refusing = [r for r, row in enumerate(rows) if row[2]]
+    refusing = [r for r, refused in enumerate(agreed["refusal"]) if refused]
     if refusal:
         raise ValueError(refusal)
     if refusing:
         raise ValueError(f"fit refused on rank(s) {refusing}: their model or compile settings are not supported by "
                          "the sync mode (their error names it; docs/compatibility.md)")
-    initial_state.check_roots([row[4] for row in rows])
-    switching_wanted = options.check_switching([row[10:12] for row in rows])
-    rank_state.align_position(row[6] for row in rows)
-    saved_mode.check([row[5] for row in rows], initial_state.root_of(broadcast))
-    if any(row[3] != 1 for row in rows) and len(set(steps)) > 1:
+    initial_state.check_roots(agreed["root"])
+    switching_wanted = options.check_switching(agreed["switching"])
+    rank_state.align_position(agreed["position"])
+    saved_mode.check(agreed["saved_mode"], initial_state.root_of(broadcast))
+    if any(n != 1 for n in agreed["per_execution"]) and len(set(steps)) > 1:
         raise ValueError(f"steps_per_execution={per_execution if per_execution > 0 else 'auto'} needs the same "
                          f"steps_per_epoch on every rank (sync='allreduce'), got {steps}: pass equal shards, or "
                          "compile with steps_per_execution=1")
@@ -163,11 +164,11 @@ def _prepare(model, args, kwargs, algorithm):
         plan = (sum(steps), longest)
         if own < longest and (algorithm.STEPPING == "lockstep" or not state.job_epochs):
             state.own_steps = own  # per-rank epochs: this rank's batches past its own count are idle steps
-    state.report = report.ReportFeed.agreed([row[1] for row in rows])
+    state.report = report.ReportFeed.agreed(agreed["report_ms"])
     state.broadcast_from = broadcast
-    state.shape_rows = [row[7:10] for row in rows]
+    state.shape_rows = agreed["shapes"]
     state.switching_wanted = switching_wanted
-    state.saved_modes = [row[5] for row in rows]  # resumed in at the fit's start (SyncPoints, saved_mode.py)
+    state.saved_modes = agreed["saved_mode"]  # resumed in at the fit's start (SyncPoints, saved_mode.py)
     head = SyncPoints(state, user, plan)
     arguments["callbacks"] = [head] + user + [ModeStamp(head, user), StopVote(head)]
     return arguments

@@ -50,6 +50,23 @@ def gather(what, values):
     return everyone.numpy().tolist()
 
 
+def gather_parts(what, parts):
+    """Collective: one :func:`gather` of every rank's named ``parts`` (``{name: int or list of ints}``, the same
+    names and widths on every rank), read back by name: for each part, a list by rank of its value (an int, or a
+    list for a part given as one).  fit's one agreement reads its parts by name, so that no part's columns move
+    when another joins it."""
+    values, widths = [], []
+    for value in parts.values():
+        many = isinstance(value, (list, tuple))
+        values += list(value) if many else [value]
+        widths.append(len(value) if many else None)
+    rows, out, at = gather(what, values), {}, 0
+    for name, width in zip(parts, widths):
+        out[name] = [row[at] if width is None else row[at:at + width] for row in rows]
+        at += 1 if width is None else width
+    return out
+
+
 def agree_or_raise(what, error, fingerprint):
     """Collective (one small Horovod allgather of objects), for a call every rank makes with what should be the same
     arguments: ``error`` is this rank's own validation failure (a string, or None) and ``fingerprint`` its
