@@ -12,8 +12,8 @@ import statistics
 
 from stored import BASELINE, after_first_epoch, ok
 
-PROBE = re.compile(r"(<!-- bench-probe: (?P<scenario>[a-z0-9-]+) runs=(?P<first>\d+)-(?P<last>\d+) -->\n)"
-                   r"(?P<body>.*?)(<!-- /bench-probe -->)", re.S)
+PROBE = re.compile(r"(?P<begin><!-- bench-probe: (?P<scenario>[a-z0-9-]+) runs=(?P<first>\d+)-(?P<last>\d+) -->\n)"
+                   r"(?P<body>.*?)(?P<end><!-- /bench-probe -->)", re.S)
 
 
 def _ranks(rec):
@@ -63,6 +63,6 @@ def probe_table(scenario, modes, first, last):
 
 def render(text, runs):
     """``text`` with every probe block rewritten from ``runs`` ({scenario: {mode: {repeat: record}}})."""
-    return PROBE.sub(lambda m: m.group(1) + probe_table(m.group("scenario"), runs.get(m.group("scenario"), {}),
-                                                        int(m.group("first")), int(m.group("last"))) + m.group(5),
-                     text)
+    return PROBE.sub(lambda m: m.group("begin") + probe_table(m.group("scenario"), runs.get(m.group("scenario"), {}),
+                                                              int(m.group("first")), int(m.group("last")))
+                     + m.group("end"), text)

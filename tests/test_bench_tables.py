@@ -297,6 +297,11 @@ def test_a_probe_row_reads_the_fast_ranks_by_quota_and_leaves_out_runs_without_a
     table = probes.probe_table("s", {"horovod": {7: rec}, "esync": {7: old}}, 1, 9)
     assert "| 7 | plain Horovod |" in table and "`esync`" not in table
     assert "No stored run of `s` with a probe in runs 8-9" in probes.probe_table("s", {"horovod": {7: rec}}, 8, 9)
+    page = "a\n<!-- bench-probe: s runs=7-7 -->\n<!-- /bench-probe -->\nb\n<!-- bench-probe: s runs=8-9 -->\nold\n" \
+           "<!-- /bench-probe -->\n"
+    once = probes.render(page, {"s": {"horovod": {7: rec}}})
+    assert probes.render(once, {"s": {"horovod": {7: rec}}}) == once  # its markers kept: rendered again, the same
+    assert once.count("<!-- /bench-probe -->") == 2 and "| 7 | plain Horovod |" in once and "old" not in once
 
 
 class _Groups:
