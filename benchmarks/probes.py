@@ -28,7 +28,7 @@ def _throttled(group):
 
 
 def row(rec):
-    """One run's cells, or None for a run stored without a probe."""
+    """One run's cells, or None for a failed run or one stored without a probe."""
     probe = rec.get("probe")
     if not probe or not ok(rec) or not probe.get("groups"):
         return None
@@ -37,7 +37,8 @@ def row(rec):
     groups = probe["groups"]
     steady = after_first_epoch(rec["ranks"][0])
     phases = probe.get("phases")
-    return [str(rec["repeat"]), "plain Horovod" if rec["mode"] == BASELINE else f"`{rec.get('variant') or rec['mode']}`",
+    name = "plain Horovod" if rec["mode"] == BASELINE else f"`{rec.get('variant') or rec['mode']}`"
+    return [str(rec["repeat"]), name,
             f"{rec['ranks'][0]['train_s']:.1f}", "--" if steady is None else f"{steady:.1f}",
             f"{statistics.mean(cpu[r] for r in fast):.1f} / {cpu[slow]:.1f}",
             f"{statistics.mean(_throttled(groups[r]) for r in fast):.0f}% / {_throttled(groups[slow]):.0f}%",

@@ -97,7 +97,8 @@ def test_fits_agreement_reads_each_part_by_name_whatever_its_width(monkeypatch):
     """fit's one gather carries parts of different widths (the broadcast's shapes: 3, switching: 2); each is read
     back by name, per rank, so a part that joins or widens moves no other part's columns."""
     sent = []
-    monkeypatch.setattr(options, "gather", lambda what, values: sent.append(values) or [values, [v + 10 for v in values]])
+    monkeypatch.setattr(options, "gather",
+                        lambda what, values: sent.append(values) or [values, [v + 10 for v in values]])
     agreed = options.gather_parts("fit", {"steps": 5, "shapes": [1, 20, 40], "root": 0, "switching": (1, 3)})
     assert sent == [[5, 1, 20, 40, 0, 1, 3]]
     assert agreed == {"steps": [5, 15], "shapes": [[1, 20, 40], [11, 30, 50]], "root": [0, 10],
