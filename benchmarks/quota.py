@@ -54,14 +54,6 @@ class Quotas:
             raise ValueError(f"rank {rank}: quota {quota} is not between 0.001 and {os.cpu_count()} cores")
         self._write(rank, "cpu.cfs_quota_us", -1 if quota is None else int(quota * PERIOD_US))
 
-    def usage_s(self):
-        """CPU seconds each rank's group has used (cpuacct, when mounted with cpu; else None per rank)."""
-        out = []
-        for r in range(self.ranks):
-            path = os.path.join(self._group(r), "cpuacct.usage")
-            out.append(int(open(path).read()) / 1e9 if os.path.exists(path) else None)
-        return out
-
     def phases(self, seconds=0.6):
         """Each group's CFS period phase in seconds after group 0's, measured.  A group's phase is fixed for its life
         (idle gaps included) and differs between groups at random: not by when a group was made, its quota set or

@@ -66,8 +66,8 @@ def _variables(model, callback):
 
 
 def shape_row(model, callback):
-    """This rank's [built, model variables, optimizer variables]: its columns of fit's one agreement across ranks
-    (keras_fit._prepare), which :func:`broadcast_before_first_step` reads instead of a gather of its own."""
+    """This rank's [built, model variables, optimizer variables]: its part ("shapes") of fit's one agreement across
+    ranks (keras_fit._prepare), which :func:`broadcast_before_first_step` reads instead of a gather of its own."""
     model_vars, optimizer_vars = _variables(model, callback)
     return [int(model.built), len(model_vars), len(optimizer_vars)]
 

@@ -22,7 +22,7 @@ def consensus_options(user_callbacks, algorithm):
 
 def switching_row(family, user_callbacks):
     """This rank's [wanted, report_every] for live switches: a SyncModeCallback (or sync="auto") on a hetsync
-    optimizer.  Columns of fit's one agreement across ranks (keras_fit._prepare)."""
+    optimizer.  Its part ("switching") of fit's one agreement across ranks (keras_fit._prepare)."""
     wanted = family is not None and (any(isinstance(cb, SwitchSchedule) for cb in user_callbacks)
                                      or family.auto is not None)
     return [1 if wanted else 0, family.report_every if family is not None else 1]
