@@ -164,8 +164,10 @@ def test_epochs_are_the_jobs_steps_shared_by_speed(speeds, epochs, n, data):
 def test_the_ready_ranks_train_on_while_one_is_in_its_first_step(n, late, trace, every, epochs):
     """One rank's first train step takes ``trace`` (a throttled node tracing its step), the others' one unit, and
     the script has a collective of every rank every ``every`` Keras steps.  Without the head start the ready ranks
-    fill their first ``every`` slices and wait there; with it they train on, each up to its share of the epoch (not
-    the whole epoch on one rank's data)."""
+    fill their first ``every`` slices and wait there; with it they train on, each up to half of the epoch (not the
+    whole epoch on one rank's data).  A cap of ``total / n`` each would leave the slow rank's share untaken while
+    they wait at the collective for it: with two ready ranks or more and a trace long enough, they take the whole
+    epoch."""
     slow = late.draw(st.integers(0, n - 1))
     steps = [20] * n
     first = [trace if r == slow else 1.0 for r in range(n)]
@@ -175,8 +177,11 @@ def test_the_ready_ranks_train_on_while_one_is_in_its_first_step(n, late, trace,
     assert ends == [total] * epochs  # still exactly the job's steps, every epoch
     assert len({x.position for x in ranks}) == 1
     waiting = EpochPlan(total, 20).boundary(every - 1) + n  # where the ready ranks would have stopped, at most
-    share = math.ceil(total / n)
-    assert clock.count_when_watched >= (n - 1) * min(share, trace - 2) > waiting, (clock.count_when_watched, waiting)
+    share = math.ceil(total / 2)  # every rank but the slow one is ready from time 1 on
+    filled = min(total, 1 + (n - 1) * min(share, trace - 2))  # the slow rank's first step, and the head start's
+    assert clock.count_when_watched >= filled > waiting, (clock.count_when_watched, filled, waiting)
+    if n >= 3 and (n - 1) * (trace - 2) >= total:
+        assert clock.count_when_watched == total  # the epoch was taken while the slow rank traced
     assert all(t <= share for r, t in enumerate(clock.trained_when_watched) if r != slow), clock.trained_when_watched
 
 
@@ -216,14 +221,25 @@ def test_the_head_start_lasts_while_a_rank_is_in_its_first_step():
     assert clock.claim(1, 0, 0, 1, plan) == (FULL, 5)  # rank 1's first step is done: slices again
     assert clock.claim(0, 0, 1, 2, plan) == (FULL, 5)   # slice 1 ends at 4: already taken
     assert clock.claim(0, 0, 2, 3, plan) == (GRANTED, 6)
-    # never past the rank's share of the epoch (9 steps, 3 ranks: 3 each, the slice 1), nor past its total; a
-    # stopped rank is not starting; a new fit starts the head start again
+    # never past half of the epoch per rank (12 steps, the slice 1: 6), nor past its total; ranks that are ready
+    # together fill it between them, however unevenly they claim; a stopped rank is not starting; a new fit starts
+    # the head start again
     clock = JobClock(3)
-    plan = EpochPlan(9, 9)
-    assert [clock.claim(0, 0, 0, 1, plan)[0] for _ in range(4)] == [AHEAD, AHEAD, AHEAD, FULL]
-    assert [clock.claim(1, 0, 0, 1, plan)[0] for _ in range(4)] == [AHEAD, AHEAD, AHEAD, FULL]
-    assert [clock.claim(2, 0, 0, 1, plan)[0] for _ in range(4)] == [AHEAD, FULL, FULL, FULL]  # 7 > 1: its 2nd ends
-    clock = JobClock(2)                                                                     # its start
+    plan = EpochPlan(12, 12)
+    assert clock.claim(0, 0, 0, 1, plan, force=True) == (AHEAD, 1)
+    assert [clock.claim(0, 0, 0, 1, plan)[0] for _ in range(6)] == [AHEAD] * 5 + [FULL]  # alone ready: half
+    assert clock.claim(1, 0, 0, 1, plan, force=True) == (AHEAD, 7)
+    assert [clock.claim(1, 0, 0, 1, plan)[0] for _ in range(6)] == [AHEAD] * 5 + [FULL]
+    assert clock.counts[0] == 12
+    assert [clock.claim(2, 0, 0, 1, plan, force=True)[0], clock.claim(2, 0, 0, 1, plan)[0]] == [GRANTED, FULL]
+    clock = JobClock(4)
+    plan = EpochPlan(12, 12)
+    for r in range(3):  # ranks 0-2 begin; rank 3 has not
+        assert clock.claim(r, 0, 0, 1, plan, force=True)[0] == AHEAD
+    assert [clock.claim(0, 0, 0, 1, plan)[0] for _ in range(6)] == [AHEAD] * 5 + [FULL]  # the fastest: half
+    assert [clock.claim(1, 0, 0, 1, plan)[0] for _ in range(5)] == [AHEAD] * 4 + [FULL]  # the rest of the epoch
+    assert clock.counts[0] == 12 and clock.ahead[:3] == [6, 5, 1]
+    clock = JobClock(2)
     plan = EpochPlan(2, 2)
     assert [clock.claim(0, 0, 0, 1, plan)[0] for _ in range(2)] == [AHEAD, FULL]  # the share: 1
     assert clock.claim(1, 0, 0, 1, plan) == (AHEAD, 2)

@@ -19,12 +19,13 @@ seconds on a throttled one, while the fast ranks would fill their slices and wai
 script (a user's allreduce every few batches, the epoch end) doing nothing.  So while some rank has not finished
 its first train step (it has not called the clock again since its first claim, nor stopped), a claim past the
 slice is still granted, and every grant is AHEAD (claim again, whatever the slice), up to the epoch's ``total``
-and to the rank's own share of it (``ceil(total / size)`` head-start grants per rank and fit: a rank that is ready
-first does not take the whole epoch alone, on its shard of the data alone, while a peer traces for seconds).  The
-ranks that are ready train the epoch's later slices in their current Keras step, and those Keras steps find their
-slices full when they come.  The epoch is still exactly ``total`` train steps; what moves is which Keras step they
-are taken in.  In plain Horovod every rank waits for the slowest one's first step (its trace included) in the
-first allreduce.
+and to half of it per rank (``ceil(total / 2)`` head-start grants per rank and fit: a rank ready long before the
+others does not train the whole epoch alone, on its shard of the data).  The ranks that are ready train the epoch's
+later slices in their current Keras step, and those Keras steps find their slices full when they come.  A cap of
+each rank's own share (``total / size``) left a tracing rank's share untaken: the ready ranks took theirs, met the
+script's next collective and waited there for the tracing rank, which then trained that share at its own pace.
+The epoch is still exactly ``total`` train steps; what moves is which Keras step they are taken in.  In plain
+Horovod every rank waits for the slowest one's first step (its trace included) in the first allreduce.
 
 A rank that stopped (time budget, EarlyStopping, ``stop_training``) claims nothing; its Keras steps *wait* until
 the count reaches their boundary, which the ranks still training bring about.  When every rank has stopped the
@@ -88,7 +89,7 @@ class JobClock:
         self.passes = [-1] * self.size      # last Keras step each rank passes without a call (``passes_to``)
         self.stopped = [False] * self.size
         self.calls = [0] * self.size        # per rank, claims since its fit began (2: its first train step is done)
-        self.ahead = [0] * self.size        # per rank, AHEAD grants since its fit began (at most its share)
+        self.ahead = [0] * self.size        # per rank, AHEAD grants since its fit began (at most half the epoch)
         self.stop_at = None                 # the agreed stop step, once every rank has stopped
 
     def _check(self, rank, epoch, plan):
@@ -130,7 +131,7 @@ class JobClock:
             raise ValueError(f"rank {rank} stopped and then claimed a train step: resume it first")
         self.calls[rank] += 1
         self.counts[epoch] = max(self.counts[epoch], int(floor))
-        ahead = (self.counts[epoch] < plan.total and self.ahead[rank] < math.ceil(plan.total / self.size)
+        ahead = (self.counts[epoch] < plan.total and self.ahead[rank] < self._head_share(plan)
                  and self._someone_starting())
         if self.counts[epoch] >= plan.boundary(step) and not (force or ahead):
             return self._ends(rank, FULL, epoch, step, position, plan)
@@ -148,6 +149,13 @@ class JobClock:
         if count >= plan.boundary(step):
             self.passes[rank] = max(self.passes[rank], passes_to(plan, step, position, count))
         return status, count
+
+    @staticmethod
+    def _head_share(plan):
+        """A rank's head-start grants: half of the epoch.  A rank ready long before the others does not train the
+        whole epoch alone, on its shard of the data; ranks that are ready together fill it between them, however
+        unevenly they claim (rank 0, beside the Job Clock, claims fastest)."""
+        return math.ceil(plan.total / 2)
 
     def _someone_starting(self):
         """Some rank has not finished its first train step of the fit: it has claimed at most once since it began
