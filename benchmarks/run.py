@@ -269,6 +269,26 @@ def run_one(scenario, token, repeat, args, quotas, out, phases=None):
     return record
 
 
+def run_repeat(scenario, repeat, jobs, args, progress):
+    """Every mode of one repeat, in one set of new rank groups (none across emulated hosts: the hosts' own)."""
+    spec = SCENARIOS[scenario]
+    quotas = None if "hosts" in spec else Quotas(len(spec["quotas"]))
+    try:
+        phases = None
+        if quotas is not None:
+            quotas.set(spec["quotas"])
+            phases = quotas.phases()
+        for s, mode, k in jobs:
+            progress.begin(f"{s} {mode} run {k}")
+            rec = run_one(s, mode, k, args, quotas, args.out, phases)
+            r0 = rec["ranks"][0] or {}
+            progress.end(f"{s} {mode} run {k}: exit {rec['returncode']}, rank 0 trained "
+                         f"{r0.get('train_s') or float('nan'):.1f} s, job {rec['job_wall_s']:.0f} s")
+    finally:
+        if quotas is not None:
+            quotas.remove()
+
+
 def probe(quotas):
     """The machine's state a job's record holds as differences over the job (docs/benchmarks.md, "Per-run
     probe"): the machine's CPU seconds (busy, idle, steal) and, with quotas, each rank group's throttling."""
@@ -334,24 +354,12 @@ def main(argv=None):
     progress = Progress(len(jobs), estimate_s=90)
     for scenario in scenarios:
         spec = SCENARIOS[scenario]
-        with cluster(spec) if "hosts" in spec else contextlib.nullcontext():
-            for repeat in sorted({k for s, _, k in jobs if s == scenario}):
-                # new groups per repeat: new CFS period phases, the same for every mode of the repeat (quota.phases)
-                quotas = None if "hosts" in spec else Quotas(len(spec["quotas"]))
-                try:
-                    phases = None
-                    if quotas is not None:
-                        quotas.set(spec["quotas"])
-                        phases = quotas.phases()
-                    for s, mode, k in [j for j in jobs if j[0] == scenario and j[2] == repeat]:
-                        progress.begin(f"{s} {mode} run {k}")
-                        rec = run_one(s, mode, k, args, quotas, args.out, phases)
-                        r0 = rec["ranks"][0] or {}
-                        progress.end(f"{s} {mode} run {k}: exit {rec['returncode']}, rank 0 trained "
-                                     f"{r0.get('train_s') or float('nan'):.1f} s, job {rec['job_wall_s']:.0f} s")
-                finally:
-                    if quotas is not None:
-                        quotas.remove()
+        for repeat in sorted({k for s, _, k in jobs if s == scenario}):
+            # new groups per repeat: new CFS period phases, the same for every mode of the repeat (quota.phases);
+            # across emulated hosts, new hosts, whose cgroups hold the quotas
+            with cluster(spec) if "hosts" in spec else contextlib.nullcontext():
+                run_repeat(scenario, repeat, [j for j in jobs if j[0] == scenario and j[2] == repeat], args,
+                           progress)
     print(f"results: {args.out} (benchmarks/tables.py makes the tables)")
 
 

@@ -1,5 +1,6 @@
 """The README's benchmark tables are generated from the stored runs (benchmarks/tables.py, benchmarks/results/), and
 the tables read the runs as their page says: speedups per repeat against plain Horovod of the same repeat."""
+import contextlib
 import json
 import os
 import subprocess
@@ -337,6 +338,25 @@ def test_each_repeat_runs_its_modes_in_new_groups_whose_phases_its_records_hold(
     assert first is calls[1][2] and second is calls[3][2] and first is not second
     assert [c[3] for c in calls] == [[first.number]] * 2 + [[second.number]] * 2
     assert first.removed and second.removed and first.quotas == run.SCENARIOS["slow-node"]["quotas"]
+
+
+def test_across_emulated_hosts_each_repeat_runs_its_modes_on_new_hosts(tmp_path, monkeypatch):
+    """The hosts' cgroups hold the quotas there, with phases of their own: one set of hosts per run of run.py made
+    every repeat one draw, as rank groups did."""
+    events = []
+
+    @contextlib.contextmanager
+    def hosts(spec):
+        events.append("up")
+        yield
+        events.append("down")
+
+    monkeypatch.setattr(run, "cluster", hosts)
+    monkeypatch.setattr(run, "run_one", lambda *a: events.append((a[1], a[2], a[4])) or {
+        "ranks": [None], "returncode": 0, "job_wall_s": 0})
+    run.main(["--scenarios", "2-hosts", "--modes", "horovod,esync", "--repeats", "2", "--out", str(tmp_path)])
+    assert events == ["up", ("horovod", 1, None), ("esync", 1, None), "down",
+                      "up", ("horovod", 2, None), ("esync", 2, None), "down"]
 
 
 def test_a_new_run_lands_in_a_repeat_no_stored_run_holds(tmp_path, monkeypatch, capsys):
