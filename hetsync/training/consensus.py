@@ -78,8 +78,8 @@ def _weighted_average(model, weight, name, exclude=(), idle=False):
     if not variables:
         return None
     w = tf.constant(float(weight), tf.float64)
-    scaled = [tf.cast(v, tf.float64) * w for v in variables] + [tf.constant([weight, 1.0 if idle else 0.0],
-                                                                            tf.float64)]
+    flag = tf.constant(1.0 if idle else 0.0, tf.float64)
+    scaled = [tf.cast(v, tf.float64) * w for v in variables] + [tf.stack([w, flag])]
     sums = hvd.grouped_allreduce(scaled, op=hvd.Sum, name=f"{name}.params")
     total, idle_ranks = (float(x) for x in sums[-1].numpy())
     if total <= 0:  # nobody trained since the last sync point (e.g. fit with no steps): plain average
