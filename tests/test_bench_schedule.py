@@ -51,7 +51,7 @@ def test_a_stopped_schedule_that_never_started_applies_nothing(tmp_path):
 def test_start_relative_scenarios_say_what_their_times_count_from():
     """A scenario with ``changes_from="start"`` must have changes to apply, inside a job's training."""
     relative = [name for name, spec in run.SCENARIOS.items() if spec.get("changes_from") == "start"]
-    assert "shared-mid-run" in relative
+    assert "shared-mid-run" in relative and "transient-mid-run" in relative
     for name in relative:
         spec = run.SCENARIOS[name]
         assert spec["changes"] and all(at >= 0 for at, _, _ in spec["changes"]), name
