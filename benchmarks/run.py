@@ -85,8 +85,8 @@ SCENARIOS = {
                            what="rank 3's node is shared from 8 s to 24 s after training starts (a fifth of its CPU)"),
     "transient": dict(quotas=[FAST] * 4, changes=_transient(4),
                       what="every 8 s a random rank runs at a fifth of its CPU for 4 s"),
-    # the same slowdowns, counted from the training's start: from launch, each mode's start-up decided which of
-    # its steps they hit, and two runs of one mode differed by more than two modes did
+    # the same slowdowns, counted from the training's start: from launch, each job's start-up decided which of its
+    # steps they hit
     "transient-mid-run": dict(quotas=[FAST] * 4, changes=_transient(4), changes_from="start",
                               what="every 8 s after training starts a random rank runs at a fifth of its CPU for "
                                    "4 s"),
