@@ -35,13 +35,15 @@ def test_each_one_process_row_gives_what_the_page_says(code, message):
 
 def test_rows_that_need_other_ranks_raise_on_every_rank():
     """Different sync modes on two ranks, an option invalid on rank 1 only, Horovod's broadcast callback or a
-    SyncModeCallback on rank 0 only: the same ValueError on both ranks (no collective left hanging), and the job
-    goes on to train (tests/mpi/bad_input.py ranks)."""
+    SyncModeCallback on rank 0 only, different epochs: the same ValueError on both ranks (no collective left
+    hanging), and the job goes on to train (tests/mpi/bad_input.py ranks)."""
     for quoted in ("ranks [1] were given other arguments than rank 0",
                    "hetsync.DistributedOptimizer failed on rank(s) [1]:",
                    "BroadcastGlobalVariablesCallback is passed on ranks [0] with roots [0], but every rank must pass "
                    "it with the same root_rank",
-                   "ranks [1] differ from rank 0 in having a hetsync.callbacks.SyncModeCallback"):
+                   "ranks [1] differ from rank 0 in having a hetsync.callbacks.SyncModeCallback",
+                   "fit's epochs and initial_epoch must be the same ints on every rank, got (epochs, initial_epoch) "
+                   "[(3, 0), (2, 0)] by rank"):
         assert quoted in SECTION, quoted
     proc = run_mpi(2, "tests/mpi/bad_input.py", "ranks", timeout=180)
     assert_ok(proc, 2)

@@ -94,6 +94,23 @@ def _dataset_length(x):
     return n if n >= 0 else (-2 if n == tf.data.INFINITE_CARDINALITY else -1)
 
 
+def _epochs_row(arguments):
+    """This rank's [epochs, initial_epoch] for fit's agreement (-1: not an int, reported after the agreement)."""
+    def whole(value):
+        return value if isinstance(value, int) and not isinstance(value, bool) else -1
+
+    return [whole(arguments.get("epochs", 1)), whole(arguments.get("initial_epoch", 0))]
+
+
+def _check_epochs(rows):
+    """Every rank runs the same epochs: each ends in collectives (the sync point, the stop vote), and a rank that
+    left ``fit`` an epoch early would leave the others waiting in them.  Raised on every rank, after the gather."""
+    if len({tuple(row) for row in rows}) == 1 and min(rows[0]) >= 0:
+        return
+    raise ValueError("fit's epochs and initial_epoch must be the same ints on every rank, got (epochs, "
+                     f"initial_epoch) {[tuple(row) for row in rows]} by rank (-1: not an int)")
+
+
 def _prepare(model, args, kwargs, algorithm):
     """fit's arguments as keywords: the epoch plan, the dataset, SyncPoints first and StopVote last."""
     _runtime.require_init("fit with a hetsync optimizer")
@@ -126,7 +143,9 @@ def _prepare(model, args, kwargs, algorithm):
         "steps": -3 if bad else (own if own is not None else -1), "report_ms": report_ms,
         "refusal": 1 if refusal else 0, "per_execution": per_execution, "root": initial_state.root_of(broadcast),
         "saved_mode": saved_mode.code(family), "position": rank_state.position(),
-        "shapes": initial_state.shape_row(model, broadcast), "switching": options.switching_row(family, user)})
+        "shapes": initial_state.shape_row(model, broadcast), "switching": options.switching_row(family, user),
+        "epochs": _epochs_row(arguments)})
+    _check_epochs(agreed["epochs"])
     steps = agreed["steps"]
     if -3 in steps:  # raised on every rank, after the gather, so no rank is left waiting in a collective
         wrong = [r for r, s in enumerate(steps) if s == -3]

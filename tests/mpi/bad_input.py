@@ -60,6 +60,12 @@ def ranks():
     except ValueError as exc:
         assert "ranks [1] differ from rank 0 in having a hetsync.callbacks.SyncModeCallback" in str(exc), \
             f"rank {rank}: {exc!s}"
+    try:  # rank 1 would leave fit an epoch early, while rank 0 waits in the epoch's collectives
+        hetsync.keras.fit(model, data(), steps_per_epoch=5, epochs=3 if rank == 0 else 2, verbose=0)
+        raise AssertionError(f"rank {rank}: different epochs on the ranks were accepted")
+    except ValueError as exc:
+        assert "fit's epochs and initial_epoch must be the same ints on every rank, got (epochs, initial_epoch) " \
+               "[(3, 0), (2, 0)] by rank" in str(exc), f"rank {rank}: {exc!s}"
     hetsync.keras.fit(model, data(), steps_per_epoch=5, epochs=2, verbose=0,
                       callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
     print(f"OK rank={rank}", flush=True)
