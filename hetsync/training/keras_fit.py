@@ -17,6 +17,7 @@ at their own pace those are shared by speed (training/job_epochs.py); in a synch
 """
 import inspect
 import logging
+import numbers
 
 import tensorflow as tf
 
@@ -97,7 +98,7 @@ def _dataset_length(x):
 def _epochs_row(arguments):
     """This rank's [epochs, initial_epoch] for fit's agreement (-1: not an int, reported after the agreement)."""
     def whole(value):
-        return value if isinstance(value, int) and not isinstance(value, bool) else -1
+        return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else -1
 
     return [whole(arguments.get("epochs", 1)), whole(arguments.get("initial_epoch", 0))]
 
@@ -136,9 +137,9 @@ def _prepare(model, args, kwargs, algorithm):
     if model.train_function is not None and not hasattr(model.train_function, "_hetsync_inner"):
         model.train_function = None  # a refused plain fit's: its failed first trace cannot make variables again
     _build_before_trace(model, x)  # before the agreement: it carries the variables' counts (initial_state.py)
-    # fit's one agreement across ranks (each collective is a negotiation with the slowest rank): the epoch plan,
-    # the report, refusals, steps_per_execution, the broadcast's root and shapes, the saved mode, positions, and
-    # live switching
+    # fit's one agreement across ranks (each collective is a negotiation with the slowest rank): the epoch plan and
+    # the epochs, the report, refusals, steps_per_execution, the broadcast's root and shapes, the saved mode,
+    # positions, and live switching
     agreed = options.gather_parts("fit", {
         "steps": -3 if bad else (own if own is not None else -1), "report_ms": report_ms,
         "refusal": 1 if refusal else 0, "per_execution": per_execution, "root": initial_state.root_of(broadcast),
