@@ -4,7 +4,7 @@
 starts each epoch with the job's plan, runs the epoch-end sync point before any user callback's ``on_epoch_end``
 and before validation, and carries out live switches.  :class:`StopVote` goes last: it turns one rank's
 ``stop_training`` into idle steps, makes every rank leave together at the Job Clock's stop step, and votes at each
-epoch end (so an ``EarlyStopping`` that fires on every rank ends the job at once).
+epoch end but the fit's last (so an ``EarlyStopping`` that fires on every rank ends the job at once).
 """
 import json
 import time
@@ -231,6 +231,11 @@ class StopVote(tf.keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         state = self.head.state
+        if state.stop_due() or epoch >= self.params["epochs"] - 1:
+            # No vote where every rank leaves fit here anyway: at the agreed stop step, or at the fit's last epoch
+            # (fit agreed on ``epochs`` across ranks, keras_fit.py).  Each Horovod collective waits for the slowest
+            # rank's background thread; a rank that wants to stop here needs no idle steps, none are left.
+            return
         hvd = _hvd()
         wants_stop = bool(self.model.stop_training) or state.idle
         everyone = hvd.allreduce(tf.constant(1.0 if wants_stop else 0.0), op=hvd.Min,

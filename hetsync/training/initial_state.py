@@ -97,19 +97,37 @@ def _broadcast(hvd, variables, root, what):
     from a file names its variables differently from one built in the script (Keras' loaded Adam slots are
     ``m/dense/kernel``, a built one's ``Adam/m/dense/kernel``), and Horovod pairs collectives by name.
 
-    The values of one dtype go flattened into one tensor, one broadcast each.  One eager broadcast per variable
-    waited for a Horovod negotiation each: a rank at a twentieth of a core took 16 s for the benchmark model's 25
-    variables while the others waited, 8 s with all of them in one ``tf.function`` (its trace), and under 3 s
-    flattened (8 ranks, ``benchmarks/run.py --scenarios 8-workers``, one job each).  The model's and the
-    optimizer's variables go together, and the ranks' shapes come with fit's one agreement: each collective less
-    is a negotiation less with a throttled rank."""
+    The values go flattened into one tensor of bytes (``tf.bitcast``), one broadcast for the weights (float32) and
+    the optimizer's step count (int64) together; a dtype that has no byte view (bool) gets one of its own.  One
+    eager broadcast per variable waited for a Horovod negotiation each: a rank at a twentieth of a core took 16 s
+    for the benchmark model's 25 variables while the others waited, 8 s with all of them in one ``tf.function`` (its
+    trace), and under 3 s flattened into one per dtype (8 ranks, ``benchmarks/run.py --scenarios 8-workers``, one
+    job each).  The ranks' shapes come with fit's one agreement: each collective less is a negotiation less with a
+    throttled rank."""
     groups = {}
-    for v in variables:  # dtypes in order of first position: alike on every rank
+    for v in variables:  # in position order, alike on every rank
         value = v.read_value()
-        groups.setdefault(value.dtype, []).append((v, value))
+        groups.setdefault(tf.uint8 if value.dtype in BYTE_VIEWS else value.dtype, []).append((v, value))
     for dtype, pairs in groups.items():
-        flat = tf.concat([tf.reshape(value, [-1]) for _, value in pairs], 0)
-        flat = hvd.broadcast(flat, root, name=f"hetsync.initial.{what}.{dtype.name}")
-        parts = tf.split(flat, [value.shape.num_elements() for _, value in pairs])
-        for (v, value), part in zip(pairs, parts):
-            v.assign(tf.reshape(part, value.shape))
+        parts = [_as(value, dtype) for _, value in pairs]
+        flat = hvd.broadcast(tf.concat(parts, 0), root, name=f"hetsync.initial.{what}.{dtype.name}")
+        for (v, value), part in zip(pairs, tf.split(flat, [p.shape[0] for p in parts])):
+            v.assign(_back(part, value))
+
+
+BYTE_VIEWS = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8, tf.uint8, tf.int16, tf.uint16, tf.int32,
+              tf.uint32, tf.int64, tf.uint64)  # dtypes tf.bitcast views as bytes
+
+
+def _as(value, dtype):
+    """``value`` flattened, as bytes when ``dtype`` is uint8 (the byte view) and as itself otherwise."""
+    if dtype == tf.uint8 and value.dtype != tf.uint8:
+        value = tf.bitcast(value, tf.uint8)  # [..., itemsize] bytes per element
+    return tf.reshape(value, [-1])
+
+
+def _back(part, value):
+    """The inverse of :func:`_as` for ``value``'s dtype and shape."""
+    if part.dtype != value.dtype:
+        part = tf.bitcast(tf.reshape(part, [-1, value.dtype.size]), value.dtype)
+    return tf.reshape(part, value.shape)

@@ -95,12 +95,16 @@ def _dataset_length(x):
     return n if n >= 0 else (-2 if n == tf.data.INFINITE_CARDINALITY else -1)
 
 
-def _epochs_row(arguments):
-    """This rank's [epochs, initial_epoch] for fit's agreement (-1: not an int, reported after the agreement)."""
-    def whole(value):
+def _epochs_row(model, arguments):
+    """This rank's [epochs, initial_epoch] for fit's agreement (-1: not an int, reported after the agreement); a
+    value not passed is ``fit``'s default, read from its signature."""
+    defaults = inspect.signature(model.fit).parameters
+
+    def whole(name):
+        value = arguments.get(name, defaults[name].default)
         return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else -1
 
-    return [whole(arguments.get("epochs", 1)), whole(arguments.get("initial_epoch", 0))]
+    return [whole("epochs"), whole("initial_epoch")]
 
 
 def _check_epochs(rows):
@@ -145,7 +149,7 @@ def _prepare(model, args, kwargs, algorithm):
         "refusal": 1 if refusal else 0, "per_execution": per_execution, "root": initial_state.root_of(broadcast),
         "saved_mode": saved_mode.code(family), "position": rank_state.position(),
         "shapes": initial_state.shape_row(model, broadcast), "switching": options.switching_row(family, user),
-        "epochs": _epochs_row(arguments)})
+        "epochs": _epochs_row(model, arguments)})
     _check_epochs(agreed["epochs"])
     steps = agreed["steps"]
     if -3 in steps:  # raised on every rank, after the gather, so no rank is left waiting in a collective
