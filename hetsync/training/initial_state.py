@@ -75,7 +75,7 @@ def shape_row(model, callback):
 def broadcast_before_first_step(model, callback, rows):
     """Collective when every rank agreed on a root (check_roots): rank ``root``'s model variables (those the
     callback does not hold local) and, when every rank has built them alike, its optimizer variables (step count
-    and slots), before the fit's first step, in one broadcast per dtype.  ``rows``: every rank's
+    and slots), before the fit's first step, in one broadcast (:func:`_broadcast`).  ``rows``: every rank's
     :func:`shape_row`, as gathered.  Returns what was broadcast: "model+optimizer", "model" or None."""
     import horovod.tensorflow as hvd
 
