@@ -8,7 +8,8 @@ Horovod's own): which collectives each fit made.
    there on every rank (1 epoch each).
 2. A fit of 3 epochs where rank 1 sets ``stop_training`` at the last epoch's end only: the fit ends after 3
    epochs everywhere, with one model on every rank.  No vote is held at a fit's last epoch, where every rank leaves
-   anyway (``epochs`` is agreed at the fit's start): 2 votes, at epochs 0 and 1.
+   anyway (``epochs`` is agreed at the fit's start): 2 votes, at epochs 0 and 1, and rank 1's ``stop_training``
+   is still set after the fit (a vote would have cleared it).
 3. A fit of 1 epoch with Horovod's broadcast callback, the ranks' first weights different: rank 0's weights and
    its Adam's step count (int64) reach every rank before the first step, in one broadcast (the byte view of both
    dtypes).
@@ -33,6 +34,7 @@ NAMES = []
 
 
 def recorded(collective):
+    """``collective`` (Horovod's own, called as is), recording the name each call gives it."""
     def call(*args, **kwargs):
         NAMES.append(kwargs.get("name") or "")
         return collective(*args, **kwargs)
@@ -60,6 +62,14 @@ class StopAt(tf.keras.callbacks.Callback):
         self.ended += 1
         if epoch == self.epoch:
             self.model.stop_training = True
+
+
+class FirstBatch(tf.keras.callbacks.Callback):
+    """The first kernel and the optimizer's step count as the fit's first batch begins."""
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if batch == 0:
+            self.seen = (self.model.weights[0].numpy().copy(), int(self.model.optimizer.iterations.numpy()))
 
 
 def fitted(model, epochs, stop_epoch):
@@ -93,6 +103,7 @@ def fits():
     second = fitted(model, 3, stop_epoch=2 if rank == 1 else None)
     print(f"epochs rank={rank} fit1={first} fit2={second}", flush=True)
     assert (first, second) == ((1, 1), (3, 2)), (first, second)
+    assert model.stop_training == (rank == 1), (rank, model.stop_training)  # no vote cleared rank 1's own stop
     same_everywhere(np.concatenate([w.numpy().ravel() for w in model.weights]), "weights after the fits")
 
     tf.keras.utils.set_random_seed(rank)  # different first weights on each rank
@@ -102,20 +113,13 @@ def fits():
     fresh.optimizer.build(fresh.trainable_variables)
     if rank == 0:
         fresh.optimizer.iterations.assign(1000)  # a resumed optimizer's step count
-    kernel = [None]
-
-    class FirstBatch(tf.keras.callbacks.Callback):
-        def on_train_batch_begin(self, batch, logs=None):
-            if batch == 0:
-                kernel[0] = (self.model.weights[0].numpy().copy(), int(self.model.optimizer.iterations.numpy()))
-
-    mark = len(NAMES)
+    first_batch, mark = FirstBatch(), len(NAMES)
     hetsync.keras.fit(fresh, data(), steps_per_epoch=2, epochs=1, verbose=0,
-                      callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), FirstBatch()])
+                      callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), first_batch])
     broadcasts, votes = names_since(mark, "hetsync.initial."), names_since(mark, "hetsync.stopvote.")
     print(f"collectives rank={rank} broadcasts={broadcasts} votes={votes}", flush=True)
     assert broadcasts == ["hetsync.initial.model_optimizer.uint8"] and not votes, (broadcasts, votes)
-    weights, iterations = kernel[0]
+    weights, iterations = first_batch.seen
     same_everywhere(weights.ravel(), "weights before the first step")
     assert iterations == 1000, (rank, iterations)
     hetsync.shutdown()
