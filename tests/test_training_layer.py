@@ -16,12 +16,14 @@
 Job epochs in ``fit`` are checked in test_dropin.py (Horovod's Keras example, every mode) and the Job Clock's rule
 alone in test_job_clock.py.
 """
+import numpy as np
 import pytest
+import tensorflow as tf
 
 from conftest import assert_passed, mpi_env, run_together
 
 from hetsync.algorithms import available_modes
-from hetsync.training import options
+from hetsync.training import initial_state, options
 
 
 @pytest.fixture(scope="module")
@@ -119,11 +121,6 @@ def test_the_initial_broadcasts_byte_view_gives_back_every_dtype_and_shape():
     """The fit's initial broadcast sends the model's and the optimizer's values as one tensor of bytes: each comes
     back bit for bit, with its dtype and shape (a scalar step count, an empty variable, NaN's payload), and the
     parts of the concatenation split where each value ends."""
-    import numpy as np
-    import tensorflow as tf
-
-    from hetsync.training import initial_state
-
     values = [tf.constant(np.arange(6, dtype=np.float32).reshape(2, 3) - 2.5), tf.constant(1000, tf.int64),
               tf.constant([np.nan, -0.0, 1e-40], tf.float32), tf.zeros([0, 4], tf.float32),
               tf.constant([-3, 7], tf.int8), tf.constant([[1.5]], tf.float16), tf.constant([255, 0], tf.uint8)]

@@ -95,13 +95,11 @@ def _dataset_length(x):
     return n if n >= 0 else (-2 if n == tf.data.INFINITE_CARDINALITY else -1)
 
 
-def _epochs_row(model, arguments):
+def _epochs_row(parameters, arguments):
     """This rank's [epochs, initial_epoch] for fit's agreement (-1: not an int, reported after the agreement); a
-    value not passed is ``fit``'s default, read from its signature."""
-    defaults = inspect.signature(model.fit).parameters
-
+    value not passed is ``fit``'s default, from its signature's ``parameters``."""
     def whole(name):
-        value = arguments.get(name, defaults[name].default)
+        value = arguments.get(name, parameters[name].default)
         return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else -1
 
     return [whole("epochs"), whole("initial_epoch")]
@@ -119,7 +117,8 @@ def _check_epochs(rows):
 def _prepare(model, args, kwargs, algorithm):
     """fit's arguments as keywords: the epoch plan, the dataset, SyncPoints first and StopVote last."""
     _runtime.require_init("fit with a hetsync optimizer")
-    arguments = dict(inspect.signature(model.fit).bind(*args, **kwargs).arguments)
+    signature = inspect.signature(model.fit)
+    arguments = dict(signature.bind(*args, **kwargs).arguments)
     family = marks.family_of(model.optimizer)
     job_epochs = family.job_epochs if family is not None else True
     user = [cb for cb in (arguments.get("callbacks") or []) if not isinstance(cb, (SyncPoints, ModeStamp, StopVote))]
@@ -149,7 +148,7 @@ def _prepare(model, args, kwargs, algorithm):
         "refusal": 1 if refusal else 0, "per_execution": per_execution, "root": initial_state.root_of(broadcast),
         "saved_mode": saved_mode.code(family), "position": rank_state.position(),
         "shapes": initial_state.shape_row(model, broadcast), "switching": options.switching_row(family, user),
-        "epochs": _epochs_row(model, arguments)})
+        "epochs": _epochs_row(signature.parameters, arguments)})
     _check_epochs(agreed["epochs"])
     steps = agreed["steps"]
     if -3 in steps:  # raised on every rank, after the gather, so no rank is left waiting in a collective
