@@ -130,6 +130,7 @@ class Clock(tf.keras.callbacks.Callback):
         self.x_test, self.y_test, self.eval_every, self.evaluate = x_test, y_test, eval_every, evaluate
         self.t0 = self.train_s = self.fit_begin_s = self.cpu0 = self.cpu_s = None
         self.batches, self.curve, self.epoch_ends, self.epoch_cpu = 0, [], [], []
+        self.batch_ends = []  # seconds since the clock's zero at each train step's end: where a run's time went
 
     def start(self):
         """The clock's zero: after the allreduce every rank makes just before fit (see the module docstring)."""
@@ -141,6 +142,7 @@ class Clock(tf.keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         self.batches += 1
+        self.batch_ends.append(round(time.monotonic() - self.t0, 3))
         if self.evaluate and self.batches % self.eval_every == 0:
             self.point()
 
@@ -214,7 +216,7 @@ def main(argv=None):
         json.dump({"rank": rank, "size": size, "sync": args.sync, "clock": "common-start", "train_s": clock.train_s,
                    "fit_begin_s": clock.fit_begin_s, "fit_s": fit_s,
                    "batches": clock.batches, "curve": clock.curve,
-                   "epoch_ends": clock.epoch_ends, "cpu_s": clock.cpu_s, "epoch_cpu": clock.epoch_cpu,
+                   "epoch_ends": clock.epoch_ends, "batch_ends": clock.batch_ends, "cpu_s": clock.cpu_s, "epoch_cpu": clock.epoch_cpu,
                    "switches": switches}, f)
     print(f"rank {rank}: {args.sync} train {clock.train_s:.1f} s, fit {fit_s:.1f} s, {clock.batches} batches"
           + (f", final accuracy {clock.curve[-1][1]:.3f}" if clock.curve else ""), flush=True)
