@@ -32,7 +32,8 @@ dilute one slow iteration among a fast rank's many, and random slowdowns were re
   partners' random slow steps lengthen periods by a third by chance, which the exit ratio read as a straggler).  A
   CPU quota freezes a slow node anywhere in its step, waits included, so its compute samples can look like
   everyone's while it takes a fraction of the others' steps; a period made long by slow compute samples alone is
-  random slowness; in a lockstep mode every rank has the same period and the compute samples decide alone.
+  random slowness; in a lockstep mode every rank has the same period and the compute samples decide alone.  Periods
+  are the mode in force's: from its samples since every rank came out of the last switch (``switched``).
 * **random**: no straggler, but at least ``random_fraction`` (6%) of all samples are >= ``slow_sample_ratio`` x
   typical (2.5): slowdowns come and go, on any rank, and they leave the CPU alone (a GPU shared with another job,
   variable input lengths).  At least ``MIN_SLOW`` (8) slow samples are needed to call them random or throttled
@@ -155,6 +156,7 @@ class AutoPolicy:
         self.state = None          # the class in force (from the first evaluation: the class of the mode in force)
         self.seen = None           # (class, since): the class every evaluation has returned since ``since``
         self.last_switch = None    # time of the last switch
+        self.mode_since = None     # when the mode in force began on every rank: step periods are that mode's
         self.last_evaluation = None
         self.last = None           # (class, evidence) of the last evaluation, for reports
 
@@ -202,9 +204,8 @@ class AutoPolicy:
             parts = ", ".join(f"rank {r} {per_rank[r] * 1e3:.1f} ms ({per_rank[r] / typical:.1f}x)" for r in slow)
             name = "median" if staying else "lower-quartile"
             return "straggler", f"{name} iteration {parts} vs typical {typical * 1e3:.1f} ms"
-        periods = self._periods(active)
+        periods, away = self._periods(active)
         if periods:
-            away = {r: p - statistics.fmean(computes[r]) for r, p in periods.items()}
             usual = {r: _others_median(periods, r) for r in periods}
             cut = self.s["straggler_ratio"]
             slow = [r for r, p in periods.items()
@@ -254,23 +255,26 @@ class AutoPolicy:
         return ("throttled" if share >= cut else "random"), detail
 
     def _periods(self, active):
-        """{rank: seconds between its steps} over the window, from each rank's own sample times (differences of
+        """({rank: seconds between its steps}, {rank: that less its mean compute sample}) over the window's samples
+        of the mode in force, from each rank's own sample times (differences of
         one rank's clock, never compared across ranks).  In a mode whose ranks step at their own pace this is the
         rank's whole speed: a CPU quota freezes a slow node anywhere in its step, also while it waits, so its compute
         samples may look normal while it takes fewer steps.  Lockstep modes give every rank the same period, and
         leave the decision to the compute samples.
 
-        ``classify`` also asks that the rank's time per step *outside* its compute (its period less its mean compute
-        sample) be ``ratio`` x the usual: a period made long by its own slow compute samples is random slowness, not
+        ``classify`` also asks that the rank's time per step *outside* its compute (the second dict, over the same
+        samples) be ``ratio`` x the usual: a period made long by its own slow compute samples is random slowness, not
         a frozen node.  At a random quarter of steps 4x slow, ranks stepping at their own pace differ by chance in
         how many slow steps a window holds, and their periods by up to a third: with the period alone such a job
         read as a straggler long after the compute samples had shown random slowdowns."""
-        out = {}
+        periods, away = {}, {}
+        since = self.mode_since if self.mode_since is not None else float("-inf")
         for r in active:
-            times = [t for t, _, _ in self.samples[r]]
-            if len(times) >= self.s["min_samples"] and times[-1] > times[0]:
-                out[r] = (times[-1] - times[0]) / (len(times) - 1)
-        return out if len(out) >= 2 else {}
+            own = [(t, c) for t, c, _ in self.samples[r] if t >= since]  # the mode in force's (see switched)
+            if len(own) >= self.s["min_samples"] and own[-1][0] > own[0][0]:
+                periods[r] = (own[-1][0] - own[0][0]) / (len(own) - 1)
+                away[r] = periods[r] - statistics.fmean(c for _, c in own[1:])  # the steps those intervals end
+        return (periods, away) if len(periods) >= 2 else ({}, {})
 
     def evaluate(self, now, current_mode, stopped=None):
         """None, or (mode, options, evidence) to switch to; ``stopped``: as for :meth:`classify`."""
@@ -304,7 +308,13 @@ class AutoPolicy:
         """The first class whose candidate is ``mode`` (None: a mode of no class, such as a user's request)."""
         return next((cls for cls, (m, _) in self.candidates.items() if m == mode), None)
 
-    def switched(self, mode, t):
-        """The board carried out a switch (by the policy or a user) decided at time ``t``."""
+    def switched(self, mode, t, done=None):
+        """The board carried out a switch (by the policy or a user) decided at time ``t``; every rank had come out of
+        it by ``done`` (None: ``t``).  Step periods are read from the new mode's samples only: across the switch a
+        rank's samples span the switch's pause, its new step's trace and its warm-up steps (seconds without a
+        sample), and a rank with few samples in the window then read as one whose steps take twice the others'
+        (ripples-smart -> eager-solo -> ripples-smart within 25 steps, random slow device steps); and an own-pace
+        mode's periods say nothing about a lockstep one's."""
         self.last_switch = t
+        self.mode_since = t if done is None else done
         self.state = self._class_of(mode) or self.state

@@ -95,7 +95,7 @@ class SwitchBoard:
         self.applied[rank] = max(self.applied[rank], int(applied))
         if mode is not None and self.decision is None:  # a schedule may switch every rank without the board
             self.current = (mode, options if isinstance(options, str) else canonical(options))
-        self._retire()
+        self._retire(now)
         if self.policy is not None:
             for t, compute_s, run_delay in samples:
                 self.policy.add(rank, t, compute_s, run_delay)
@@ -108,13 +108,14 @@ class SwitchBoard:
             return d
         return None
 
-    def _retire(self):
+    def _retire(self, now):
+        """The decision every rank has carried out (``now``: the report that said so, the last rank's) is history."""
         d = self.decision
         if d is not None and min(self.applied) >= d.id:
             self.current = (d.mode, d.options)
             self.decision = None
             if self.policy is not None:
-                self.policy.switched(d.mode, d.made_at)
+                self.policy.switched(d.mode, d.made_at, now)
 
     def _consult_policy(self, now, stopped):
         if self.pending is not None or self.decision is not None or self.current is None:
