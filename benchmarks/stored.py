@@ -93,6 +93,18 @@ def after_first_epoch(rank):
     return ends[-1] - ends[0] if len(ends) >= 2 else None
 
 
+def switch_steps(rank):
+    """(p, when step p began, seconds of steps p and p + 1, seconds of the steps after them) from the rank's
+    ``batch_ends`` for its first switch, which ends step p (None: no switch, or a run without step ends).  hetsync's
+    callback runs before the user's, so step p's recorded end comes after the switch, and step p + 1 is the new
+    mode's first (its trace, if it was never used)."""
+    ends, switches = rank.get("batch_ends") or [], rank.get("switches") or []
+    p = switches[0]["position"] if switches else None
+    if p is None or not 2 <= p < len(ends):
+        return None
+    return p, ends[p - 2], ends[p] - ends[p - 2], ends[-1] - ends[p]
+
+
 def ok(rec):
     return rec["returncode"] == 0 and rec["ranks"] and all(rec["ranks"]) and rec["ranks"][0]["curve"]
 
@@ -119,6 +131,7 @@ def summary(modes, target=TARGET, baseline=BASELINE):
         done = {k: r for k, r in repeats.items() if ok(r)}
         row = {"runs": len(done), "failed": len(repeats) - len(done), "train": [], "speedup": [], "ttt": [],
                "ttt_speedup": [], "steady": [], "steady_speedup": [], "accuracy": [], "wall": [],
+               "switch": [], "switch_lag": [], "after_switch": [], "after_switch_speedup": [],
                "common_start": any(common_start(r) for r in done.values())}
         for k, rec in sorted(done.items()):
             r0 = rec["ranks"][0]
@@ -134,8 +147,25 @@ def summary(modes, target=TARGET, baseline=BASELINE):
                 b_ttt, b_steady = time_to(b0["curve"], target), after_first_epoch(b0)
                 row["ttt_speedup"].append(b_ttt / ttt if b_ttt and ttt else None)
                 row["steady_speedup"].append(b_steady / steady if b_steady and steady else None)
+                _switch_columns(row, switch_steps(r0), b0.get("batch_ends") or [])
         rows[mode] = row
     return rows
+
+
+def _switch_columns(row, steps, base_ends):
+    """A run's first switch against the baseline's run of the same repeat, step by step (``batch_ends``): the step
+    that ends in the switch and the new mode's first; how much later the run began the first of them; the steps
+    after them, and the baseline's time over the same steps divided by the run's."""
+    if steps is None:
+        return
+    p, began, switch, after = steps
+    if p >= len(base_ends):
+        return
+    row["switch"].append(switch)
+    row["switch_lag"].append(began - base_ends[p - 2])
+    row["after_switch"].append(after)
+    base_after = base_ends[-1] - base_ends[p]
+    row["after_switch_speedup"].append(base_after / after if after > 0 else None)
 
 
 def runs_label(repeats):

@@ -182,6 +182,35 @@ def test_a_figure_in_running_text_is_read_off_the_stored_runs(tmp_path):
         raise AssertionError(f"{gone!r} gave a figure without loaded runs")
 
 
+def test_a_switch_is_read_step_by_step_against_the_baseline_of_the_same_repeat(tmp_path):
+    """``switch``, ``switch_lag``, ``after_switch`` and ``after_switch_speedup`` come from each run's step ends
+    (``batch_ends``): step p (1-based), which ends in the switch (hetsync's callback runs before the user's), and
+    step p + 1, the new mode's first; how much later the run began step p than the baseline's run of its repeat;
+    the steps after them.  A run without a switch has none of them."""
+    day = tmp_path / "2026-01-01"
+    day.mkdir()
+    base = _record("eager-solo", 1, 10.0, [(1.0, 0.95, 0.1)])
+    base["ranks"][0]["batch_ends"] = [1.0 * k for k in range(1, 11)]             # one step a second
+    switched = _record("auto", 1, 16.0, [(1.0, 0.95, 0.1)])
+    switched["ranks"][0]["batch_ends"] = [2.0, 4.0, 6.0, 7.0, 11.0, 12.0, 13.0, 14.0, 15.0, 16.0]
+    switched["ranks"][0]["switches"] = [{"position": 4, "from": "ripples-smart", "to": "eager-solo",
+                                         "reason": "auto", "seconds": 3.5}]
+    unswitched = _record("auto", 2, 9.0, [(1.0, 0.95, 0.1)])
+    unswitched["ranks"][0]["batch_ends"] = [1.0 * k for k in range(1, 10)]
+    base2 = _record("eager-solo", 2, 9.0, [(1.0, 0.95, 0.1)])
+    base2["ranks"][0]["batch_ends"] = [1.0 * k for k in range(1, 10)]
+    for rec in (base, switched, unswitched, base2):
+        (day / f"{rec['mode']}-{rec['repeat']}.json").write_text(json.dumps(rec))
+    loaded = stored.load(str(tmp_path))
+    row = stored.summary(loaded["s"], target=0.9, baseline="eager-solo")["auto"]
+    assert row["switch"] == [5.0]              # steps 4 and 5: 6.0 -> 11.0 s
+    assert row["switch_lag"] == [3.0]          # step 4 began at 6.0 s, the baseline's at 3.0 s
+    assert row["after_switch"] == [5.0]        # steps 6-10: 11.0 -> 16.0 s
+    assert row["after_switch_speedup"] == [1.0]  # the baseline's steps 6-10 took 5 s too
+    assert figures.figure("s auto switch_lag vs=eager-solo", loaded) == "3.0 s"
+    assert len(row["switch"]) == 1             # run 2 never switched
+
+
 def test_a_measured_figure_typed_by_hand_is_found_and_a_generated_one_is_not():
     """No page may hold a measured figure (a ratio such as 2.44x, or decimal seconds) that was not generated; a
     scenario's integer ratio (5x slower), a program's text (a fenced block, inline code, also across a line break)
