@@ -216,8 +216,8 @@ def main(argv=None):
         json.dump({"rank": rank, "size": size, "sync": args.sync, "clock": "common-start", "train_s": clock.train_s,
                    "fit_begin_s": clock.fit_begin_s, "fit_s": fit_s,
                    "batches": clock.batches, "curve": clock.curve,
-                   "epoch_ends": clock.epoch_ends, "batch_ends": clock.batch_ends, "cpu_s": clock.cpu_s, "epoch_cpu": clock.epoch_cpu,
-                   "switches": switches}, f)
+                   "epoch_ends": clock.epoch_ends, "batch_ends": clock.batch_ends, "cpu_s": clock.cpu_s,
+                   "epoch_cpu": clock.epoch_cpu, "switches": switches}, f)
     print(f"rank {rank}: {args.sync} train {clock.train_s:.1f} s, fit {fit_s:.1f} s, {clock.batches} batches"
           + (f", final accuracy {clock.curve[-1][1]:.3f}" if clock.curve else ""), flush=True)
 

@@ -24,7 +24,8 @@ tuning knobs, such as HOROVOD_CYCLE_TIME), the job's wall time (launch to exit, 
 clock), the probe (the machine's busy, idle and steal CPU seconds over the job, each rank group's throttled
 periods and seconds, and the groups' CFS period phases, measured before the repeat's first job: each repeat gets
 new groups) and every rank's own record (training time from fit's on_train_begin to on_train_end, fit's return,
-train steps and each one's end, its CPU seconds, rank 0's accuracy curve); with ``--thread-cpu``, each rank's CPU seconds per thread.
+train steps and each one's end, its CPU seconds, rank 0's accuracy curve); with ``--thread-cpu``, each rank's CPU
+seconds per thread.
 benchmarks/tables.py makes the README's tables from them.  Prints [i/N] and an ETA.
 """
 import argparse
