@@ -256,11 +256,11 @@ class AutoPolicy:
 
     def _periods(self, active):
         """({rank: seconds between its steps}, {rank: that less its mean compute sample}) over the window's samples
-        of the mode in force, from each rank's own sample times (differences of
-        one rank's clock, never compared across ranks).  In a mode whose ranks step at their own pace this is the
-        rank's whole speed: a CPU quota freezes a slow node anywhere in its step, also while it waits, so its compute
-        samples may look normal while it takes fewer steps.  Lockstep modes give every rank the same period, and
-        leave the decision to the compute samples.
+        of the mode in force, from each rank's own sample times (differences of one rank's clock, never compared
+        across ranks).  In a mode whose ranks step at their own pace this is the rank's whole speed: a CPU quota
+        freezes a slow node anywhere in its step, also while it waits, so its compute samples may look normal while
+        it takes fewer steps.  Lockstep modes give every rank the same period, and leave the decision to the compute
+        samples.
 
         ``classify`` also asks that the rank's time per step *outside* its compute (the second dict, over the same
         samples) be ``ratio`` x the usual: a period made long by its own slow compute samples is random slowness, not
