@@ -13,31 +13,11 @@ run reads the same.
 """
 import random
 
+from auto_sim import rank_steps, reported
 from hetsync.coordinator.switchboard import SwitchBoard
 from hetsync.coordinator.switchboard.auto_policy import AutoPolicy
-from hetsync.training.step_clock import WARMUP_STEPS
 
 RANDOM_MODE = "eager-solo"
-EVERY = 8  # sync="auto"'s report cadence
-
-
-def _steps(rng, switch_at, resume, until):
-    """One rank's steps as (end time, compute s or None: a warm-up step, whose sample is dropped)."""
-    def device():
-        return 0.064 * (4 if rng.random() < 0.25 else 1) * rng.uniform(0.95, 1.05)
-
-    out, t, after = [], 0.0, 0
-    while t <= until:
-        compute = device()
-        before = t < switch_at
-        t += 0.03 * rng.uniform(0.9, 1.1) + (max(compute, device()) if before else compute)
-        if before and t >= switch_at:  # this rank's last step before the switch: it resumes with everyone
-            t = resume
-            continue
-        if not before:
-            after += 1
-        out.append((t, None if 0 < after <= WARMUP_STEPS else compute))
-    return out
 
 
 def _stragglers_seen_after(n, seed, with_end):
@@ -47,21 +27,15 @@ def _stragglers_seen_after(n, seed, with_end):
     policy = AutoPolicy(n, candidates={"random": RANDOM_MODE})
     switch_at = 15.0
     resume = switch_at + rng.uniform(2.0, 5.0)
-    events = sorted((t, r, c) for r in range(n) for t, c in _steps(rng, switch_at, resume, resume + 15.0))
+    steps = [rank_steps(rng, resume + 15.0, switch_at, resume) for _ in range(n)]
     policy.state = "random"
-    pending, positions, seen, told = [[] for _ in range(n)], [0] * n, [], False
-    for t, r, compute in events:
+    seen, told = [], False
+    for t, r, samples in reported(n, lambda r: steps[r]):
         if not told and t >= resume:
             policy.switched(RANDOM_MODE, switch_at - 1.0, resume if with_end else None)
             told = True
-        if compute is not None:
-            pending[r].append((t, compute))
-        positions[r] += 1
-        if positions[r] % EVERY:
-            continue
-        for when, c in pending[r]:
+        for when, c in samples:
             policy.add(r, when, c)
-        pending[r] = []
         policy.evaluate(t, RANDOM_MODE)
         if told and policy.last[0] == "straggler":
             seen.append((round(t - resume, 1), policy.last[1]))
