@@ -1,7 +1,7 @@
 """``sync="auto"``'s policy: classify the job from its workers' compute times and name the mode for the class.
 
 A plain state machine (no clock of its own, no gRPC): the Switch Board (switchboard.py) feeds it every rank's
-samples and asks it after each report; tests/test_switchboard.py checks it alone with hypothesis.
+samples and asks it after each report; tests/test_auto_policy.py checks it alone with hypothesis.
 
 **Samples.**  One per step and rank: seconds of *compute* per iteration -- from the start of the rank's step to
 the moment its gradients were ready (hetsync/training/step_clock.py), so time spent waiting for peers, in hetsync's
