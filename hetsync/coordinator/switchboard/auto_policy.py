@@ -80,7 +80,7 @@ That exit test holds the class against random or throttled slowdowns only once a
 entry test in the mode in force (``straggler_seen``; kept when the policy itself moved into the straggler mode):
 at the start nothing has been, and with random slow device steps some rank's median read 1.3x typical in small
 windows by chance (or stayed there, a rank a little slower in every step), so the class seen went straggler,
-random, straggler, random, each change restarting ``settle``, and one job switched at step 80 instead of 32.  In
+random, straggler, random, each change restarting ``settle``, and one job switched at step 80 instead of 40.  In
 seeded jobs (tests/test_auto_start.py) random slowdowns now move the job in 4.2 s at the median, against 5.9 s.
 The former start, ``start="homogeneous"``, trains at Horovod's pace until a straggler is recognised.
 """
@@ -354,4 +354,5 @@ class AutoPolicy:
         self.last_switch = t
         self.mode_since = t if done is None else done
         self.state = self._class_of(mode) or self.state
-        self.straggler_seen = self.straggler_seen and self.state == "straggler"  # the policy's own move, on it
+        # kept into the straggler class: the entry test passed since the last switch (the policy's own evidence)
+        self.straggler_seen = self.straggler_seen and self.state == "straggler"
