@@ -57,26 +57,36 @@ class GroupGeneratorAlgorithm(DecentralizedAlgorithm):
         self._gen_options, self._wire = gen_options, wire
         self.client = self.services.client()
         self._variables = None
-        self._watcher = None
+        self._watcher, self._stop_hooked = None, False
+        self.away_reports = 0  # over the job, across switches
         return wrap_post_update(optimizer, self)
 
     # -- away watcher -------------------------------------------------------------------------------------------
     def _start_watcher(self):
-        """Once, when the mode is first entered (activate): a pretraced mode not in force watches nothing."""
+        """When the mode is entered (activate): the watcher runs while the mode is in force only (a pretraced mode
+        not in force, or one a live switch left, watches nothing)."""
         if self._watcher is not None:
             return
         self._paused = threading.Event()  # set during consensus rounds: the worker left the GG on purpose
         self._stop = threading.Event()
-        self.away_reports = 0
         self._watcher = threading.Thread(target=self._watch, name="hetsync-gg-away", daemon=True)
         self._watcher.start()
-        self.services.on_stop(self.stop_watcher)
+        if not self._stop_hooked:
+            self.services.on_stop(self.stop_watcher)
+            self._stop_hooked = True
 
     def stop_watcher(self):
-        """hetsync.shutdown(): the watcher thread ends (joined) before the coordinator services stop."""
+        """A live switch out of the mode (deactivate) or hetsync.shutdown(): the watcher thread ends (joined), before
+        the coordinator services stop."""
         if self._watcher is not None:
             self._stop.set()
             self._watcher.join(timeout=2 * _WATCH_PERIOD_S + 1.0)
+            self._watcher = None
+
+    def deactivate(self):
+        """A live switch leaves the mode: its away watcher ends (it polled the engine 50 times a second for a mode
+        no longer in force); a switch back starts it again (activate)."""
+        self.stop_watcher()
 
     def _watch(self):
         """Tells the GG when the engine counts this worker as away (see the module docstring)."""

@@ -5,9 +5,9 @@ and server hetsync started (issue 18).
    after the
    first step the candidates are pretraced (wrapped, their train steps traced) and the Group Generator still serves
    ripples-smart's configuration (wrapping ripples-random used to install its own under the running mode).
-2. Trains in ripples-smart (its Group Generator away watcher is a thread) and switches to esync (a State Server
-   client), then calls hetsync.shutdown(): no thread named hetsync-* is left, rank 0's coordinator server no longer
-   answers, and a second shutdown() is a no-op.
+2. Trains in ripples-smart (its Group Generator away watcher is a thread), switches to esync (a State Server
+   client; the watcher ends with ripples-smart) and back (it runs again), then calls hetsync.shutdown(): no thread
+   named hetsync-* is left, rank 0's coordinator server no longer answers, and a second shutdown() is a no-op.
 Prints OK rank=0.
 """
 import os
@@ -58,10 +58,18 @@ def main():
     pretrace_leaves_the_mode_in_force(x, y)
     model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
     model.compile(hetsync.DistributedOptimizer(tf.keras.optimizers.SGD(0.01), sync="ripples-smart"), loss="mse")
-    switch = hetsync.callbacks.SyncModeCallback(schedule={1: "esync"}, verbose=False)
-    hetsync.keras.fit(model, x, y, batch_size=8, epochs=2, verbose=0, callbacks=[switch])
-    assert [h["to"] for h in switch.history] == ["esync"], switch.history
-    assert "hetsync-gg-away" in hetsync_threads(), hetsync_threads()
+    seen = []
+
+    class Threads(tf.keras.callbacks.Callback):  # the threads running in each epoch, at its end
+        def on_epoch_end(self, epoch, logs=None):
+            seen.append(hetsync_threads())
+
+    switch = hetsync.callbacks.SyncModeCallback(schedule={1: "esync", 2: "ripples-smart"}, verbose=False)
+    hetsync.keras.fit(model, x, y, batch_size=8, epochs=3, verbose=0, callbacks=[switch, Threads()])
+    assert [h["to"] for h in switch.history] == ["esync", "ripples-smart"], switch.history
+    # the first model (step 1) is still in ripples-smart, with its watcher: this one's comes and goes on top of it
+    watching = [names.count("hetsync-gg-away") for names in seen]
+    assert watching == [2, 1, 2], f"the away watcher runs while ripples-smart is in force only: {seen}"
     address = _runtime.services().address
     hetsync.shutdown()
     left = hetsync_threads()
