@@ -19,9 +19,9 @@ def figure(spec, runs, target=TARGET):
     the baseline's run of the same repeat: ``switch``, the step that ends in the first switch and the new mode's
     first step, ``switch_lag``, how much later the run began them, ``after_switch``, the steps after them, and
     ``after_switch_speedup``, the baseline's time over those steps divided by the run's); a speedup is against
-    plain Horovod of the same repeat, or against ``vs=MODE`` in the repeats both ran on one clock; ``runs=A-B`` keeps repeats A..B; S is ``spread``
-    (median and range, the default), ``median``, ``range``, ``each`` (every run, in repeat order), ``min`` or
-    ``max``.  A spec naming anything not stored raises, so a page cannot keep a figure whose runs are gone."""
+    plain Horovod of the same repeat, or against ``vs=MODE`` in the repeats both ran on one clock; ``runs=A-B``
+    keeps repeats A..B; S is ``spread`` (median and range, the default), ``median``, ``range``, ``each`` (every
+    run, in repeat order), ``min`` or ``max``.  A spec naming anything not stored raises, so a page cannot keep a figure whose runs are gone."""
     words = spec.split()
     if len(words) < 3:
         raise ValueError(f"figure {spec!r}: needs SCENARIO MODE COLUMN")

@@ -212,7 +212,7 @@ class AutoPolicy:
         held = self._straggler_held(computes, typical) if self.state == "straggler" else None
         if held and self.straggler_seen:
             return "straggler", held
-        cls, detail = self._slowdowns(active, quartiles, pooled, typical, periods)
+        cls, detail = self._slowdowns(active, counts, quartiles, pooled, typical, periods)
         if held and cls not in ("random", "throttled"):  # a straggler in force by the start only: see Start
             return "straggler", held
         return cls, detail
@@ -246,10 +246,9 @@ class AutoPolicy:
         parts = ", ".join(f"rank {r} {medians[r] * 1e3:.1f} ms ({medians[r] / typical:.1f}x)" for r in slow)
         return f"median iteration {parts} vs typical {typical * 1e3:.1f} ms"
 
-    def _slowdowns(self, active, quartiles, pooled, typical, periods):
+    def _slowdowns(self, active, counts, quartiles, pooled, typical, periods):
         """No straggler: "random", "throttled" or "homogeneous" from the share of slow samples (None: too few slow
         samples to tell random from throttled), with the evidence."""
-        counts = [len(xs) for xs in self.samples]
         threshold = self.s["slow_sample_ratio"] * typical
         slow_n = sum(c >= threshold for c in pooled)
         fraction = slow_n / len(pooled)
