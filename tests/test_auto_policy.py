@@ -67,15 +67,15 @@ def test_persistent_straggler_is_named_and_switched_to_the_straggler_mode(n, fac
     assert t >= 1.0  # settle: the class held for 1 s first
 
 
-def _own_pace(policy, rng, slow, factor, until, late=0.0):
+def _own_pace(policy, rng, slow, factor, until, late=0.0, run_delay=None):
     """Ranks stepping at their own pace, compute samples alike (20 ms): a step every 50 ms, ``factor`` times that
     for the ``slow`` ranks, which start ``late`` seconds after the others; yields each 10-ms tick's time after
-    feeding the policy that tick's samples."""
+    feeding the policy that tick's samples (with the run-delay rate ``run_delay(r)`` when given)."""
     t, next_step = 0.0, [late if r in slow else 0.0 for r in range(policy.size)]
     while t < until:
         for r in range(policy.size):
             if t >= next_step[r]:
-                policy.add(r, t, 0.02 * rng.uniform(0.9, 1.1))
+                policy.add(r, t, 0.02 * rng.uniform(0.9, 1.1), run_delay(r) if run_delay else None)
                 next_step[r] = t + 0.05 * (factor if r in slow else 1) * rng.uniform(0.95, 1.05)
         yield t
         t += 0.01
@@ -103,6 +103,40 @@ def test_ranks_taking_fewer_steps_at_their_own_pace_are_stragglers_whatever_thei
     lockstep = make(n)
     proposal, _ = feed(lockstep, n, 12.0, lambda r, t: 0.02 * rng.uniform(0.9, 1.1))
     assert proposal is None and lockstep.last[0] == "homogeneous", lockstep.last
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(2, 8), factor=st.floats(2.0, 6.0), seed=st.integers(0, 1000), usual=st.floats(0.0, 2.5),
+       frozen_x=st.floats(1.8, 3.0), waiting_x=st.floats(1.0, 1.35), data=st.data())
+def test_a_long_step_period_names_a_straggler_only_when_the_rank_was_runnable_but_not_running(
+        n, factor, seed, usual, frozen_x, waiting_x, data):
+    """With run-delay measured, a rank whose steps come ``factor`` times further apart, its compute samples like
+    everyone's, is a straggler when its run-delay rate is ``frozen_x`` the others' (a CPU quota froze it: 2-2.5x
+    across 2 hosts) and not at up to 1.35x (it waited, blocked: for a P-Reduce partner, for answers from rank 0's
+    coordinator, as the fast ranks other than rank 0 did in a ripples-smart job with random slow device steps, one
+    of them with a step period 1.5x the others' by chance, read as a straggler by the period alone, which kept the
+    job out of eager-solo until step 88; rank 0's rate was 1.3x the others').  ``usual``: the others' rate (polling
+    threads under a quota: 1.5-2.25 measured; none without one).  The waiting job is even: the policy proposes
+    allreduce."""
+    rng = random.Random(seed)
+    slow = set(rng.sample(range(n), data.draw(st.integers(1, n // 2), label="slow ranks")))
+    for frozen in (True, False):
+        policy = make(n)
+        policy.current_mode = STRAGGLER_MODE
+        base = usual if frozen else max(usual, 0.5)  # a rate near zero: the absolute margin (STARVED_RATE) decides
+
+        def run_delay(r):
+            x = (frozen_x if frozen else waiting_x) if r in slow else 1.0
+            return base * x * rng.uniform(0.97, 1.03) + (0.3 if frozen and r in slow else 0.0)
+
+        proposals = [p for t in _own_pace(policy, rng, slow, factor, until=12.0, run_delay=run_delay)
+                     for p in [policy.evaluate(t, policy.current_mode)] if p is not None]
+        if frozen:
+            assert not proposals and policy.last[0] == "straggler", (proposals, policy.last)
+            assert all(f"rank {r} " in policy.last[1] for r in slow), (slow, policy.last)
+            assert "run-delay rate" in policy.last[1], policy.last
+        else:
+            assert proposals and proposals[0][0] == DEFAULT_CANDIDATES["homogeneous"], (proposals, policy.last)
 
 
 def _own_pace_random_slow_steps(n, seed, seconds=10.0, partner=False):

@@ -29,10 +29,15 @@ dilute one slow iteration among a fast rank's many, and random slowdowns were re
   its own sample times) is >= ``straggler_ratio`` x the median period of the other ranks (of all ranks, it let a
   throttled host of two read as even: half the ranks slow put the median between the hosts), and so is its period
   less its mean compute sample, at the entry ratio even while a straggler is in force (a group mode's waits for
-  partners' random slow steps lengthen periods by a third by chance, which the exit ratio read as a straggler).  A
-  CPU quota freezes a slow node anywhere in its step, waits included, so its compute samples can look like
-  everyone's while it takes a fraction of the others' steps; a period made long by slow compute samples alone is
-  random slowness; in a lockstep mode every rank has the same period and the compute samples decide alone.  Periods
+  partners' random slow steps lengthen periods by a third by chance, which the exit ratio read as a straggler), and,
+  where run-delay is measured, its median run-delay rate is ``straggler_ratio`` x the other ranks' median.  A CPU
+  quota freezes a slow node anywhere in its step, waits included, so its compute samples can look like everyone's
+  while it takes a fraction of the others' steps -- runnable, not running; a rank that waits (for a P-Reduce
+  partner, for answers from rank 0's coordinator) is blocked and accrues no run-delay: in a ripples-smart job with
+  random slow device steps a fast rank's period came to 1.5x the others' that way, read as a straggler by the
+  period alone, and the job left for eager-solo at step 88 instead of 32.  A period made long by slow compute
+  samples alone is random slowness; in a lockstep mode every rank has the same period and the compute samples
+  decide alone.  Periods
   are the mode in force's: from its samples since every rank came out of the last switch (``switched``).
 * **random**: no straggler, but at least ``random_fraction`` (6%) of all samples are >= ``slow_sample_ratio`` x
   typical (2.5): slowdowns come and go, on any rank, and they leave the CPU alone (a GPU shared with another job,
@@ -127,6 +132,26 @@ def _others_median(values, rank):
     return statistics.median(v for r, v in values.items() if r != rank)
 
 
+def _frozen(rank, delays, ratio):
+    """Whether a rank whose step period is long lost that time runnable but not running: its median run-delay rate
+    ``ratio`` x the other ranks' median, and ``STARVED_RATE`` above it.  A CPU quota freezes it; a rank that waits
+    -- for a P-Reduce partner, for an answer from rank 0's coordinator -- is blocked, not runnable, and accrues no
+    more than its polling threads do.  Measured with random slow device steps (every rank at a 0.45-core quota):
+    rates of 1.5-2.25 a second, rank 0's the highest (its coordinator's threads), 1.3x the others' median; across
+    2 hosts, the throttled host's ranks 4.1-5.1 against 2.1.  Not measured (for it or for every other rank): the
+    period alone decides, as before run-delay was read."""
+    if rank not in delays or len(delays) < 2:
+        return True
+    others = _others_median(delays, rank)
+    return delays[rank] >= ratio * others and delays[rank] - others >= STARVED_RATE
+
+
+def _delay_text(rank, delays):
+    if rank not in delays or len(delays) < 2:
+        return ""
+    return f", run-delay rate {delays[rank]:.2f} vs the others' {_others_median(delays, rank):.2f}"
+
+
 def normalize_candidates(candidates):
     """{class: (mode, options dict)} from the user's mapping; ValueError names what is wrong."""
     merged = dict(DEFAULT_CANDIDATES)
@@ -205,7 +230,7 @@ class AutoPolicy:
             return None, "no compute time measured"
         quartiles = {r: _lower_quartile(cs) for r, cs in computes.items()}
         periods, away = self._periods(active)
-        entered = self._straggler_entry(quartiles, typical, periods, away)
+        entered = self._straggler_entry(quartiles, typical, periods, away, self._delay_rates(active))
         if entered:
             self.straggler_seen = True
             return "straggler", entered
@@ -217,9 +242,10 @@ class AutoPolicy:
             return "straggler", held
         return cls, detail
 
-    def _straggler_entry(self, quartiles, typical, periods, away):
+    def _straggler_entry(self, quartiles, typical, periods, away, delays):
         """The evidence that some rank is a straggler by the entry test (its lower-quartile iteration, or its step
-        period and time outside compute, ``straggler_ratio`` x the usual), or None."""
+        period, its time outside compute and -- where measured -- its run-delay rate ``straggler_ratio`` x the others':
+        frozen, not waiting), or None."""
         cut = self.s["straggler_ratio"]
         slow = [r for r, m in quartiles.items() if m >= cut * typical]
         if slow:
@@ -229,11 +255,12 @@ class AutoPolicy:
             return None
         usual = {r: _others_median(periods, r) for r in periods}
         slow = [r for r, p in periods.items()
-                if usual[r] > 0 and p >= cut * usual[r] and away[r] >= cut * max(_others_median(away, r), 0.0)]
+                if usual[r] > 0 and p >= cut * usual[r] and away[r] >= cut * max(_others_median(away, r), 0.0)
+                and _frozen(r, delays, cut)]
         if not slow:
             return None
         parts = ", ".join(f"rank {r} {periods[r] * 1e3:.1f} ms ({periods[r] / usual[r]:.1f}x the others' "
-                          f"{usual[r] * 1e3:.1f} ms)" for r in slow)
+                          f"{usual[r] * 1e3:.1f} ms{_delay_text(r, delays)})" for r in slow)
         return f"step period {parts}"
 
     def _straggler_held(self, computes, typical):
@@ -257,6 +284,9 @@ class AutoPolicy:
         detail = (f"{fraction:.0%} of {len(pooled)} iterations >= {self.s['slow_sample_ratio']:g}x typical "
                   f"{typical * 1e3:.1f} ms; slowest rank {max(quartiles.values()) / typical:.2f}x; samples per rank "
                   f"{counts}; step periods (ms, by rank) {periods_ms}")
+        rates = self._delay_rates(active)
+        if rates:
+            detail += f"; run-delay rates (by rank) { {r: round(d, 2) for r, d in rates.items()} }"
         if fraction < needed:
             return "homogeneous", detail
         if slow_n < MIN_SLOW:
@@ -288,6 +318,16 @@ class AutoPolicy:
         cut = min(max(self.s["starved_share"] + margin, 0.0), 1.0)
         detail += f"; {share:.0%} of {known} slow iterations CPU-starved (run-delay rate above the rank's usual)"
         return ("throttled" if share >= cut else "random"), detail
+
+    def _delay_rates(self, active):
+        """{rank: the median run-delay rate of its samples in the window}, for the ranks whose run-delay is
+        measured."""
+        rates = {}
+        for r in active:
+            measured = [d for _, _, d in self.samples[r] if d is not None]
+            if measured:
+                rates[r] = statistics.median(measured)
+        return rates
 
     def _periods(self, active):
         """({rank: seconds between its steps}, {rank: that less its mean compute sample}) over the window's samples
