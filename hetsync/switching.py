@@ -12,12 +12,13 @@ every rank at the same point (:func:`perform`), a consistent cut:
    OD-SGD's outstanding allreduce), then ``drain`` (gradients it holds but has not applied -- accumulators,
    eager-SGD's unreturned rounds and undelivered deposit -- become one local update), then ``deactivate``; the
    engine's session ends on every rank (``ops.withdraw``);
-2. one consensus round: the models are averaged with Horovod (weight 0 for a rank idle since the last sync point);
-3. the new mode: wrapped the first time it is used, else taken from the family's cache with its compiled train
-   step; ``activate`` installs its coordinator state (the Group Generator's configuration, the State Server);
-4. the user's optimizer state moves over: ``iterations``, every slot and the learning rate (a variable a Horovod
-   callback may have changed) are copied into the new mode's optimizer, which becomes ``model.optimizer``; then
-   every rank takes the same state (:func:`reconcile_optimizer`: the largest ``iterations``, the mean of each slot);
+2. the new mode: wrapped the first time it is used, else taken from the family's cache with its compiled train
+   step; the user's optimizer state moves over: ``iterations``, every slot and the learning rate (a variable a
+   Horovod callback may have changed) are copied into the new mode's optimizer, which becomes ``model.optimizer``;
+3. one consensus round, one Horovod collective: the models are averaged (weight 0 for a rank idle since the last
+   sync point), and every rank takes the same optimizer state (:func:`reconcile_optimizer`: the largest
+   ``iterations``, the mean of each slot);
+4. ``activate`` installs the new mode's coordinator state (the Group Generator's configuration, the State Server);
 5. a new engine session starts (``ops.rejoin`` on every rank, exactly once) and the new mode goes on.
 
 Keras' compiled step is traced once per (mode, options) the job uses: switching back reuses it.  With
@@ -189,23 +190,29 @@ def copy_optimizer_state(old, new, variables):
     _copy_hyper(old, new)
 
 
-def reconcile_optimizer(optimizer, name):
-    """Collective, inside a switch: every rank leaves with the same optimizer state, so the new mode starts from one
-    consistent cut.  ``iterations`` becomes the largest among the ranks (modes whose ranks step at their own pace
-    leave them at different counts; a mode keyed on it -- OD-SGD's warm-up, Ripples' static schedule -- needs one
-    value everywhere), and every float slot (momentum, Adam's moments) becomes the ranks' mean."""
-    import horovod.tensorflow as hvd
-
-    variables = optimizer_variables(optimizer)
+def optimizer_state_to_sum(optimizer):
+    """The tensors whose sums over the ranks make the optimizer state one (:func:`reconcile_optimizer`), summed in
+    the switch's average (float64, Horovod Sum: one collective for the model and the optimizer): every float slot,
+    and ``iterations`` in this rank's entry of a vector of ``size`` zeros (the sum holds every rank's count)."""
+    hvd = _hvd()
     iterations = optimizer.iterations
-    floats = [v for v in variables if v.dtype.is_floating and v is not iterations]
-    top = hvd.allreduce(tf.cast(iterations, tf.int64), op=hvd.Max, name=f"{name}.iterations")
-    iterations.assign(tf.cast(top, iterations.dtype))
-    if floats:
-        means = hvd.grouped_allreduce([tf.convert_to_tensor(v) for v in floats], op=hvd.Average,
-                                      name=f"{name}.slots")
-        for v, m in zip(floats, means):
-            v.assign(m)
+    floats = [v for v in optimizer_variables(optimizer) if v.dtype.is_floating and v is not iterations]
+    count = tf.one_hot(hvd.rank(), hvd.size(), on_value=tf.cast(iterations, tf.float64), dtype=tf.float64)
+    return [tf.cast(v, tf.float64) for v in floats] + [count]
+
+
+def reconcile_optimizer(optimizer, sums):
+    """Inside a switch, from the sums over the ranks of :func:`optimizer_state_to_sum`'s tensors: every rank leaves
+    with the same optimizer state, so the new mode starts from one consistent cut.  ``iterations`` becomes the
+    largest among the ranks (modes whose ranks step at their own pace leave them at different counts; a mode keyed
+    on it -- OD-SGD's warm-up, Ripples' static schedule -- needs one value everywhere), and every float slot
+    (momentum, Adam's moments) becomes the ranks' mean."""
+    iterations = optimizer.iterations
+    floats = [v for v in optimizer_variables(optimizer) if v.dtype.is_floating and v is not iterations]
+    *slots, counts = sums
+    iterations.assign(tf.cast(tf.reduce_max(counts), iterations.dtype))
+    for v, total in zip(floats, slots):
+        v.assign(tf.cast(total / _hvd().size(), v.dtype))
 
 
 def _copy_hyper(old, new):
@@ -321,14 +328,15 @@ def perform(sync_points, mode, options, reason, decision_id=None):
     # weight 0: a rank that trained nothing since the last sync point (its model is that point's), unless the drain
     # just applied gradients here
     trained = sync_points.steps_since_sync > 0 or any(drained.values())
-    _weighted_average(model, 1.0 if trained else 0.0, exclude=family.local_vars, name=
-                      f"hetsync.switch.{len(family.history)}")
     inner = getattr(model.train_function, "_hetsync_inner", model.train_function)
     old_entry.train_function = inner
     entry = family.entry(mode, options)
     new = entry.algorithm
     copy_optimizer_state(old_entry.optimizer, entry.optimizer, model.trainable_variables)
-    reconcile_optimizer(entry.optimizer, f"hetsync.switch.{len(family.history)}")
+    sums = optimizer_state_to_sum(entry.optimizer)  # summed in the average's collective
+    _weighted_average(model, 1.0 if trained else 0.0, exclude=family.local_vars, carry=sums,
+                      name=f"hetsync.switch.{len(family.history)}")
+    reconcile_optimizer(entry.optimizer, sums)
     model.optimizer = entry.optimizer
     family.current = key_of(mode, options)
     life.install(new)  # a new engine session; the new mode withdrawn again on a rank that is out or stopped

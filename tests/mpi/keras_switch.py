@@ -112,6 +112,15 @@ class Checks(tf.keras.callbacks.Callback):
         digest = hashlib.sha256(b"".join(np.ascontiguousarray(a).tobytes() for a in new + self.model.get_weights()))
         digests = hvd_tf.allgather_object(digest.hexdigest()[:16], name=f"switch.cut.{len(history)}")
         assert len(set(digests)) == 1, f"ranks differ after {record['from']} -> {record['to']}: {digests}"
+        # ... and that state is the ranks' largest count and their slots' mean: the old mode's optimizer keeps each
+        # rank's own state as of the switch (its drain included)
+        theirs = hvd_tf.allgather_object(opt_state(old), name=f"switch.old.{len(history)}")
+        for k, mine in enumerate(new):
+            column = np.stack([state[k] for state in theirs])
+            if mine.dtype.kind in "iu":
+                assert mine == column.max(), (record, k, mine, column)
+            else:
+                np.testing.assert_allclose(mine, column.mean(axis=0), rtol=1e-5, atol=1e-7, err_msg=str(record))
         self.states_checked += 1
         self.seen = len(history)
         self.steps_in_mode = 0
