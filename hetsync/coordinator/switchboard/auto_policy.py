@@ -37,8 +37,8 @@ dilute one slow iteration among a fast rank's many, and random slowdowns were re
   random slow device steps a fast rank's period came to 1.5x the others' that way, read as a straggler by the
   period alone, and the job left for eager-solo at step 88 instead of 32.  A period made long by slow compute
   samples alone is random slowness; in a lockstep mode every rank has the same period and the compute samples
-  decide alone.  Periods
-  are the mode in force's: from its samples since every rank came out of the last switch (``switched``).
+  decide alone.  Periods are the mode in force's: from its samples since every rank came out of the last switch
+  (``switched``).
 * **random**: no straggler, but at least ``random_fraction`` (6%) of all samples are >= ``slow_sample_ratio`` x
   typical (2.5): slowdowns come and go, on any rank, and they leave the CPU alone (a GPU shared with another job,
   variable input lengths).  At least ``MIN_SLOW`` (8) slow samples are needed to call them random or throttled
