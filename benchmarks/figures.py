@@ -21,7 +21,8 @@ def figure(spec, runs, target=TARGET):
     ``after_switch_speedup``, the baseline's time over those steps divided by the run's); a speedup is against
     plain Horovod of the same repeat, or against ``vs=MODE`` in the repeats both ran on one clock; ``runs=A-B``
     keeps repeats A..B; S is ``spread`` (median and range, the default), ``median``, ``range``, ``each`` (every
-    run, in repeat order), ``min`` or ``max``.  A spec naming anything not stored raises, so a page cannot keep a figure whose runs are gone."""
+    run, in repeat order), ``min`` or ``max``.  A spec naming anything not stored raises, so a page cannot keep a
+    figure whose runs are gone."""
     words = spec.split()
     if len(words) < 3:
         raise ValueError(f"figure {spec!r}: needs SCENARIO MODE COLUMN")

@@ -195,10 +195,13 @@ def optimizer_state_to_sum(optimizer):
     the switch's average (float64, Horovod Sum: one collective for the model and the optimizer): every float slot,
     and ``iterations`` in this rank's entry of a vector of ``size`` zeros (the sum holds every rank's count)."""
     hvd = _hvd()
-    iterations = optimizer.iterations
-    floats = [v for v in optimizer_variables(optimizer) if v.dtype.is_floating and v is not iterations]
-    count = tf.one_hot(hvd.rank(), hvd.size(), on_value=tf.cast(iterations, tf.float64), dtype=tf.float64)
-    return [tf.cast(v, tf.float64) for v in floats] + [count]
+    count = tf.one_hot(hvd.rank(), hvd.size(), on_value=tf.cast(optimizer.iterations, tf.float64), dtype=tf.float64)
+    return [tf.cast(v, tf.float64) for v in _float_slots(optimizer)] + [count]
+
+
+def _float_slots(optimizer):
+    """The optimizer's float variables but ``iterations``: its slots (momentum, Adam's moments)."""
+    return [v for v in optimizer_variables(optimizer) if v.dtype.is_floating and v is not optimizer.iterations]
 
 
 def reconcile_optimizer(optimizer, sums):
@@ -207,11 +210,9 @@ def reconcile_optimizer(optimizer, sums):
     largest among the ranks (modes whose ranks step at their own pace leave them at different counts; a mode keyed
     on it -- OD-SGD's warm-up, Ripples' static schedule -- needs one value everywhere), and every float slot
     (momentum, Adam's moments) becomes the ranks' mean."""
-    iterations = optimizer.iterations
-    floats = [v for v in optimizer_variables(optimizer) if v.dtype.is_floating and v is not iterations]
     *slots, counts = sums
-    iterations.assign(tf.cast(tf.reduce_max(counts), iterations.dtype))
-    for v, total in zip(floats, slots):
+    optimizer.iterations.assign(tf.cast(tf.reduce_max(counts), optimizer.iterations.dtype))
+    for v, total in zip(_float_slots(optimizer), slots):
         v.assign(tf.cast(total / _hvd().size(), v.dtype))
 
 

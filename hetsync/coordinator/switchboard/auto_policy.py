@@ -140,16 +140,18 @@ def _frozen(rank, delays, ratio):
     rates of 1.5-2.25 a second, rank 0's the highest (its coordinator's threads), 1.3x the others' median; across
     2 hosts, the throttled host's ranks 4.1-5.1 against 2.1.  Not measured (for it or for every other rank): the
     period alone decides, as before run-delay was read."""
-    if rank not in delays or len(delays) < 2:
-        return True
-    others = _others_median(delays, rank)
-    return delays[rank] >= ratio * others and delays[rank] - others >= STARVED_RATE
+    others = _others_rate(rank, delays)
+    return others is None or (delays[rank] >= ratio * others and delays[rank] - others >= STARVED_RATE)
+
+
+def _others_rate(rank, delays):
+    """The other ranks' median run-delay rate, or None when it or theirs is not measured."""
+    return _others_median(delays, rank) if rank in delays and len(delays) >= 2 else None
 
 
 def _delay_text(rank, delays):
-    if rank not in delays or len(delays) < 2:
-        return ""
-    return f", run-delay rate {delays[rank]:.2f} vs the others' {_others_median(delays, rank):.2f}"
+    others = _others_rate(rank, delays)
+    return "" if others is None else f", run-delay rate {delays[rank]:.2f} vs the others' {others:.2f}"
 
 
 def normalize_candidates(candidates):
@@ -230,14 +232,15 @@ class AutoPolicy:
             return None, "no compute time measured"
         quartiles = {r: _lower_quartile(cs) for r, cs in computes.items()}
         periods, away = self._periods(active)
-        entered = self._straggler_entry(quartiles, typical, periods, away, self._delay_rates(active))
+        rates = self._delay_rates(active)
+        entered = self._straggler_entry(quartiles, typical, periods, away, rates)
         if entered:
             self.straggler_seen = True
             return "straggler", entered
         held = self._straggler_held(computes, typical) if self.state == "straggler" else None
         if held and self.straggler_seen:
             return "straggler", held
-        cls, detail = self._slowdowns(active, counts, quartiles, pooled, typical, periods)
+        cls, detail = self._slowdowns(active, counts, quartiles, pooled, typical, periods, rates)
         if held and cls not in ("random", "throttled"):  # a straggler in force by the start only: see Start
             return "straggler", held
         return cls, detail
@@ -273,7 +276,7 @@ class AutoPolicy:
         parts = ", ".join(f"rank {r} {medians[r] * 1e3:.1f} ms ({medians[r] / typical:.1f}x)" for r in slow)
         return f"median iteration {parts} vs typical {typical * 1e3:.1f} ms"
 
-    def _slowdowns(self, active, counts, quartiles, pooled, typical, periods):
+    def _slowdowns(self, active, counts, quartiles, pooled, typical, periods, rates):
         """No straggler: "random", "throttled" or "homogeneous" from the share of slow samples (None: too few slow
         samples to tell random from throttled), with the evidence."""
         threshold = self.s["slow_sample_ratio"] * typical
@@ -284,7 +287,6 @@ class AutoPolicy:
         detail = (f"{fraction:.0%} of {len(pooled)} iterations >= {self.s['slow_sample_ratio']:g}x typical "
                   f"{typical * 1e3:.1f} ms; slowest rank {max(quartiles.values()) / typical:.2f}x; samples per rank "
                   f"{counts}; step periods (ms, by rank) {periods_ms}")
-        rates = self._delay_rates(active)
         if rates:
             detail += f"; run-delay rates (by rank) { {r: round(d, 2) for r, d in rates.items()} }"
         if fraction < needed:
