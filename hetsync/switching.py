@@ -35,7 +35,7 @@ from hetsync.algorithms import horovod_kwargs
 from hetsync.algorithms._wrap import build_slots, optimizer_variables
 from hetsync.coordinator.switchboard import canonical
 from hetsync.training import front_door
-from hetsync.training.consensus import _weighted_average
+from hetsync.training.consensus import weighted_average
 
 log = logging.getLogger("hetsync.switching")
 
@@ -334,9 +334,9 @@ def perform(sync_points, mode, options, reason, decision_id=None):
     entry = family.entry(mode, options)
     new = entry.algorithm
     copy_optimizer_state(old_entry.optimizer, entry.optimizer, model.trainable_variables)
-    sums = optimizer_state_to_sum(entry.optimizer)  # summed in the average's collective
-    _weighted_average(model, 1.0 if trained else 0.0, exclude=family.local_vars, carry=sums,
-                      name=f"hetsync.switch.{len(family.history)}")
+    _, sums = weighted_average(model, 1.0 if trained else 0.0, exclude=family.local_vars,
+                               carry=optimizer_state_to_sum(entry.optimizer),  # in the average's collective
+                               name=f"hetsync.switch.{len(family.history)}")
     reconcile_optimizer(entry.optimizer, sums)
     model.optimizer = entry.optimizer
     family.current = key_of(mode, options)

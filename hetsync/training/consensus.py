@@ -55,8 +55,8 @@ def sync_point(model, algorithm, idle, weight=1.0, average=True, name="hetsync.s
         algorithm.on_consensus_begin()
     idle_ranks = None
     if average:
-        idle_ranks = _weighted_average(model, weight, name, idle=idle,
-                                       exclude=algorithm.local_vars if algorithm is not None else ())
+        idle_ranks, _ = weighted_average(model, weight, name, idle=idle,
+                                         exclude=algorithm.local_vars if algorithm is not None else ())
     if idle_ranks is None:  # no average, or nothing to average: the flags alone
         flag = hvd.allreduce(tf.constant(1.0 if idle else 0.0), op=hvd.Min, name=f"{name}.idle")
         all_idle = bool(flag.numpy() >= 1.0)
@@ -67,28 +67,25 @@ def sync_point(model, algorithm, idle, weight=1.0, average=True, name="hetsync.s
     return all_idle
 
 
-def _weighted_average(model, weight, name, exclude=(), idle=False, carry=None):
+def weighted_average(model, weight, name, exclude=(), idle=False, carry=()):
     """sum(w_r x_r) / sum(w_r) over ranks, in float64 with Horovod Sum: identical models stay bit-identical.
     ``exclude``: refs of worker-local variables (Horovod's register_local_var), which keep their own values.
-    ``carry``: a list of float64 tensors summed over the ranks in the same collective, replaced by their sums (a
-    switch's optimizer state: each Horovod collective is a negotiation that waits for the slowest rank's background
-    thread).  Returns how many ranks are ``idle`` (summed with the weights), or None when there is nothing to
-    average."""
+    ``carry``: float64 tensors summed over the ranks in the same collective (a switch's optimizer state: each Horovod
+    collective is a negotiation that waits for the slowest rank's background thread).  Returns (how many ranks are
+    ``idle``, summed with the weights, or None when there is nothing to average; the sums of ``carry``, a list)."""
     import tensorflow as tf
 
     hvd = _hvd()
-    carry = carry if carry is not None else []
+    carry = list(carry)
     variables = [v for v in _averageable(model.variables) if v.ref() not in exclude]
     if not variables:
-        if carry:
-            carry[:] = hvd.grouped_allreduce(list(carry), op=hvd.Sum, name=f"{name}.carried")
-        return None
+        carried = hvd.grouped_allreduce(carry, op=hvd.Sum, name=f"{name}.carried") if carry else []
+        return None, list(carried)
     w = tf.constant(float(weight), tf.float64)
     flag = tf.constant(1.0 if idle else 0.0, tf.float64)
     scaled = [tf.cast(v, tf.float64) * w for v in variables] + [tf.stack([w, flag])]
-    sums = hvd.grouped_allreduce(scaled + list(carry), op=hvd.Sum, name=f"{name}.params")
-    if carry:
-        carry[:], sums = sums[len(scaled):], sums[:len(scaled)]
+    sums = hvd.grouped_allreduce(scaled + carry, op=hvd.Sum, name=f"{name}.params")
+    sums, carried = sums[:len(scaled)], list(sums[len(scaled):])
     total, idle_ranks = (float(x) for x in sums[-1].numpy())
     if total <= 0:  # nobody trained since the last sync point (e.g. fit with no steps): plain average
         sums = hvd.grouped_allreduce([tf.cast(v, tf.float64) for v in variables] + [tf.ones([1], tf.float64)],
@@ -96,4 +93,4 @@ def _weighted_average(model, weight, name, exclude=(), idle=False, carry=None):
         total = float(sums[-1].numpy()[0])
     for var, value in zip(variables, sums[:-1]):
         var.assign(tf.cast(value / total, var.dtype))
-    return round(idle_ranks)
+    return round(idle_ranks), carried
