@@ -211,9 +211,10 @@ def reconcile_optimizer(optimizer, sums):
     on it -- OD-SGD's warm-up, Ripples' static schedule -- needs one value everywhere), and every float slot
     (momentum, Adam's moments) becomes the ranks' mean."""
     *slots, counts = sums
+    size = _hvd().size()
     optimizer.iterations.assign(tf.cast(tf.reduce_max(counts), optimizer.iterations.dtype))
     for v, total in zip(_float_slots(optimizer), slots):
-        v.assign(tf.cast(total / _hvd().size(), v.dtype))
+        v.assign(tf.cast(total / size, v.dtype))
 
 
 def _copy_hyper(old, new):
