@@ -21,8 +21,9 @@ every rank at the same point (:func:`perform`), a consistent cut:
 4. ``activate`` installs the new mode's coordinator state (the Group Generator's configuration, the State Server);
 5. a new engine session starts (``ops.rejoin`` on every rank, exactly once) and the new mode goes on.
 
-Keras' compiled step is traced once per (mode, options) the job uses: switching back reuses it.  With
-sync="auto" the candidates' steps are traced after the first step (:func:`pretrace`), so no switch stalls on tracing.
+Keras' compiled step is traced once per (mode, options) the job uses: switching back reuses it.  A rank that hears
+of a Switch Board decision before its step traces the new mode's step meanwhile, in a thread (trace_ahead.py); with
+sync="auto" and ``pretrace=True`` the candidates' steps are traced after the first step (:func:`pretrace`).
 """
 import json
 import logging
@@ -30,7 +31,7 @@ import time
 
 import tensorflow as tf
 
-from hetsync import _runtime, algorithms, compat, marks
+from hetsync import _runtime, algorithms, compat, marks, trace_ahead
 from hetsync.algorithms import horovod_kwargs
 from hetsync.algorithms._wrap import build_slots, optimizer_variables
 from hetsync.coordinator.switchboard import canonical
@@ -118,6 +119,7 @@ class Family:
         self.pending = None                 # the decision this rank will carry out at its step ``at``
         self.history = []                   # switches done on this rank (dicts), for reports
         self.pretrace = []                  # (mode, options) whose train steps the first step traces (auto)
+        self.ahead = {}                     # key -> a train step being traced before its switch (trace_ahead.py)
         self.local_vars = set()             # refs registered with register_local_var, shared by every mode
         self.refusals = []                  # switches every rank refused at their roll call (dicts)
         self.attempts = 0                   # roll calls so far (the same count on every rank)
@@ -342,6 +344,7 @@ def perform(sync_points, mode, options, reason, decision_id=None):
     model.optimizer = entry.optimizer
     family.current = key_of(mode, options)
     life.install(new)  # a new engine session; the new mode withdrawn again on a rank that is out or stopped
+    traced_ahead = trace_ahead.claim(family, entry)  # (traced in a thread since the decision: trace_ahead.py)
     traced_here = entry.train_function is None
     if traced_here:
         model.train_function = None
@@ -353,7 +356,7 @@ def perform(sync_points, mode, options, reason, decision_id=None):
     sync_points.steps_since_sync = 0
     record = {"id": decision_id, "from": old_entry.mode, "to": mode, "options": options, "reason": reason,
               "position": sync_points.position, "time": time.time(), "seconds": time.monotonic() - began,
-              "traced": traced_here, "drained": drained}
+              "traced": traced_here, "traced_ahead": traced_ahead, "drained": drained}
     family.history.append(record)
     if sync_points.verbose:  # the same on every rank: INFO on rank 0, DEBUG elsewhere
         log.log(logging.INFO if _hvd().rank() == 0 else logging.DEBUG, "step %s: switched %s -> %s%s (%s) in %.2f s",

@@ -11,7 +11,7 @@ import time
 
 import tensorflow as tf
 
-from hetsync import _runtime, marks, switching
+from hetsync import _runtime, marks, switching, trace_ahead
 from hetsync.switching import key_of
 from hetsync.training import front_door, hooks, initial_state, options, saved_mode
 
@@ -127,6 +127,8 @@ class SyncPoints(tf.keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         self.state.end_fit()
+        if self.state.family is not None:
+            trace_ahead.settle(self.state.family)
         self._leave_train_function()
 
     def _leave_train_function(self):
@@ -157,6 +159,8 @@ class SyncPoints(tf.keras.callbacks.Callback):
             d = self.board.report(state.position, family.applied, mode, options, samples, every)
             if d.id and d.id > family.applied:
                 family.pending = d
+                if state.position < d.at:  # steps to go: trace the new mode's step meanwhile (trace_ahead.py)
+                    trace_ahead.start(family, d.mode, json.loads(d.options_json), self.model, state.iterator)
         d = family.pending
         if d is None:
             return

@@ -67,6 +67,7 @@ class RankState:
         self.hooks = []           # callbacks acting per train step (hetsync.testing.SlowdownCallback, EmulatedComputeCallback)
         self.clock = StepClock()
         self.after_step = None    # called after the first Keras step (sync="auto": pretrace)
+        self.iterator = None      # the fit's data iterator, as its last Keras step had it (trace_ahead.py)
         self.report = None        # training/report.py ReportFeed, when any rank has a HeterogeneityReportCallback
         self.broadcast_from = None  # the user's Horovod broadcast callback, honoured at fit start (initial_state.py)
         self.saved_modes = []     # every rank's saved-mode code (training/saved_mode.py), from fit's agreement
@@ -140,10 +141,12 @@ class RankState:
         self.life.end(lambda: self.sync_point(final=True))
         _PROCESS["last_rounds"] = self.rounds
         self.clock.close()
+        self.iterator = None
 
     # -- one Keras step -----------------------------------------------------------------------------------------
     def keras_step(self, fn, iterator):
         """Runs one Keras step with ``fn`` (Keras' compiled train function); returns Keras' logs."""
+        self.iterator = iterator
         self.batch += 1
         self.fit_steps += 1
         _PROCESS["position"] += 1

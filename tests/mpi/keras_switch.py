@@ -269,6 +269,20 @@ class WarmupChecks(tf.keras.callbacks.Callback):
             self.model.stop_training = True
 
 
+def traced_once_ahead(model, record):
+    """The request's switch into od-sgd, its first use: the rank whose report brought the Switch Board's decision
+    heard it before its step (``at`` is past every reported position) and traced od-sgd's Keras step meanwhile, in a
+    thread (hetsync/trace_ahead.py); a rank that heard it at the step itself traced it there.  Each rank did exactly
+    one of the two, and the step that then ran is the one traced: never traced again."""
+    assert record["traced_ahead"] != record["traced"], record
+    ahead = hvd_tf.allgather_object(bool(record["traced_ahead"]), name="warmup.ahead")
+    assert any(ahead), f"no rank traced od-sgd's step before the switch: {ahead}"
+    family = hetsync.marks.family_of(model.optimizer)
+    entry = [e for e in family.entries.values() if e.mode == "od-sgd"][0]
+    assert entry.train_function.experimental_get_tracing_count() == 1, "od-sgd's step was traced again"
+    assert not family.ahead, "a trace was left unclaimed"
+
+
 def warmup_boundary(x, y, x_test, y_test, loss):
     rank, size = hvd.rank(), hvd.size()
     tf.keras.utils.set_random_seed(1)
@@ -282,6 +296,7 @@ def warmup_boundary(x, y, x_test, y_test, loss):
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), switch, slow, checks])
     assert [h["to"] for h in switch.history] == ["od-sgd"], switch.history
     assert checks.in_warmup >= 5 and checks.after >= 15, (checks.in_warmup, checks.after)
+    traced_once_ahead(model, switch.history[0])
     final = model.evaluate(x_test, y_test, verbose=0)[0]
     same_everywhere(model, "the end of the warm-up scenario")
     assert final < 0.6, f"warm-up scenario: loss {final:.3f}"
