@@ -209,8 +209,9 @@ def main(argv=None):
     fit_s = time.monotonic() - began
     os.makedirs(args.out, exist_ok=True)
     # sync="auto" and live switches: where each switch happened and the policy's evidence, so a run's time can be
-    # read against what it trained in
-    switches = [] if plain else [{k: h[k] for k in ("position", "from", "to", "reason", "seconds")}
+    # read against what it trained in, and whether the new mode's step was traced at the switch or ahead of it
+    switches = [] if plain else [{k: h[k] for k in ("position", "from", "to", "reason", "seconds", "traced",
+                                                    "traced_ahead")}
                                  for h in hetsync.switch_history(model)]
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
         json.dump({"rank": rank, "size": size, "sync": args.sync, "clock": "common-start", "train_s": clock.train_s,
