@@ -1,0 +1,85 @@
+"""hetsync/trace_ahead.py in one process: a new mode's Keras step traced in a thread, on a view of the model.
+
+The view must give the traced step the new mode's optimizer while the model keeps the one in force (the rank trains
+on with it meanwhile), and the traced function must be the one that runs later, not traced again.  A step the view
+cannot trace is left to the switch.  The switch itself, with the thread, on 4 ranks: tests/mpi/keras_switch.py
+(its warm-up scenario).
+"""
+import types
+
+import numpy as np
+import tensorflow as tf
+
+from hetsync import trace_ahead
+from hetsync.algorithms._wrap import build_slots
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 4)).astype("float32")
+    y = (x.sum(axis=1) > 0).astype("int64")
+    return iter(tf.data.Dataset.from_tensor_slices((x, y)).batch(16).repeat())
+
+
+def _compiled(model):
+    model.compile(optimizer=tf.keras.optimizers.SGD(0.1),
+                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    model.build((None, 4))
+    return model
+
+
+def _traced_on_a_view(model, iterator):
+    new = tf.keras.optimizers.Adam(0.01)
+    build_slots(new, model.trainable_variables)
+    view = trace_ahead._ModelView(model, new)
+    trace = trace_ahead._Trace("adam", type(model).make_train_function(view, force=True), iterator)
+    trace.thread.join(60)
+    return new, trace
+
+
+def test_a_step_traced_on_the_view_trains_with_the_new_optimizer_and_is_not_traced_again():
+    """Traced in its thread after a step of the mode in force (as a switch comes after the fit's first step, which
+    built Keras' metrics: a trace that creates variables is traced again), the step updates with the view's
+    optimizer (Adam's count moves, the model's SGD does not), the model's optimizer and train function are untouched,
+    and three steps use the one trace."""
+    model = _compiled(tf.keras.Sequential([tf.keras.layers.Dense(8, activation="relu"), tf.keras.layers.Dense(2)]))
+    iterator = _data()
+    in_force, own_step = model.optimizer, model.make_train_function()
+    own_step(iterator)
+    new, trace = _traced_on_a_view(model, iterator)
+    assert trace.error is None, trace.error
+    assert model.optimizer is in_force and model.train_function is own_step
+    before = [w.numpy().copy() for w in model.trainable_variables]
+    for _ in range(3):
+        logs = trace.function(iterator)
+    assert int(new.iterations.numpy()) == 3 and int(in_force.iterations.numpy()) == 1
+    assert any(not np.array_equal(a, w.numpy()) for a, w in zip(before, model.trainable_variables))
+    assert set(logs) == {"loss", "accuracy"}, logs
+    assert trace.function.experimental_get_tracing_count() == 1
+
+
+class _SuperStep(tf.keras.Model):
+    """A user's model whose ``train_step`` calls ``super()``: the view is not an instance of its class."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = tf.keras.layers.Dense(2)
+
+    def call(self, x):
+        return self.dense(x)
+
+    def train_step(self, data):
+        return super().train_step(data)
+
+
+def test_a_step_the_view_cannot_trace_is_left_to_the_switch():
+    """The trace fails in its thread (``super()`` needs an instance of the user's class); the switch's claim then
+    gives nothing, and the entry keeps no train function: the switch traces the step itself, as without the
+    thread."""
+    model = _compiled(_SuperStep())
+    _, trace = _traced_on_a_view(model, _data())
+    assert isinstance(trace.error, TypeError), trace.error
+    entry = types.SimpleNamespace(mode="adam", options={}, train_function=None)
+    family = types.SimpleNamespace(ahead={("adam", "{}"): trace})
+    assert trace_ahead.claim(family, entry) is False
+    assert entry.train_function is None and not family.ahead
