@@ -343,8 +343,10 @@ def perform(sync_points, mode, options, reason, decision_id=None):
     reconcile_optimizer(entry.optimizer, sums)
     model.optimizer = entry.optimizer
     family.current = key_of(mode, options)
+    # the step traced in a thread since the decision (trace_ahead.py), finished before the mode is activated, as a
+    # pretraced one
+    traced_ahead = trace_ahead.claim(family, entry)
     life.install(new)  # a new engine session; the new mode withdrawn again on a rank that is out or stopped
-    traced_ahead = trace_ahead.claim(family, entry)  # (traced in a thread since the decision: trace_ahead.py)
     traced_here = entry.train_function is None
     if traced_here:
         model.train_function = None

@@ -8,9 +8,10 @@ of wall time in which no rank trains.
 A rank hears of a Switch Board decision at one of its reports, up to ``report_every`` steps before the agreed step.
 From there :func:`start` traces the new mode's train step in a thread of its own, on a view of the model whose
 optimizer is the new mode's: the model, the optimizer in force and its compiled step, with which the rank trains on
-meanwhile, are untouched.  The switch :func:`claim`s the traced function, after its roll call and consensus round,
-waiting for the thread if it is still tracing.  A trace that failed leaves the switch to trace the step itself, as
-without this.  ``sync="auto"``'s ``pretrace=True`` traces every candidate after the first step instead.
+meanwhile, are untouched.  The switch :func:`claim`s the traced function after its roll call and consensus round,
+before it activates the new mode, waiting for the thread if it is still tracing.  A trace that failed leaves the
+switch to trace the step itself, as without this.  ``sync="auto"``'s ``pretrace=True`` traces every candidate
+after the first step instead.
 """
 import logging
 import threading
@@ -76,8 +77,8 @@ def start(family, mode, options, model, iterator):
 
 
 def claim(family, entry):
-    """Inside the switch into ``entry``'s mode: the step :func:`start` traced becomes the entry's train function (after the
-    thread ends).  Returns whether it did; False leaves the switch to trace it."""
+    """Inside the switch into ``entry``'s mode, before the mode is activated: the step :func:`start` traced becomes
+    the entry's train function, once the thread ends.  Returns whether it did; False leaves the switch to trace it."""
     trace = family.ahead.pop((entry.mode, canonical(entry.options)), None)
     if trace is None:
         return False
