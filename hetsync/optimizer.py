@@ -12,8 +12,8 @@ FAMILY_OPTIONS = {  # every mode's
 }
 AUTO_OWN = {  # sync="auto"'s, beside its policy's SETTINGS (coordinator/switchboard/auto_policy.py) and candidates
     "report_every": Option(REPORT_EVERY, "int", minimum=1, doc="steps between a rank's Switch Board reports"),
-    "pretrace": Option(False, "bool", doc="trace the candidates' train steps after the first step (else at the "
-                       "switch into each)"),
+    "pretrace": Option(False, "bool", doc="trace the candidates' train steps after the first step (else each when "
+                       "its switch is decided, in a thread)"),
     "start": Option("straggler", choices=CLASSES, doc="the class whose candidate mode auto trains in until it has "
                     "evidence (its own-pace straggler mode measures every rank's speed while it trains)"),
 }
@@ -43,8 +43,9 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         options)}), ``window`` (seconds of samples the policy looks at), ``min_interval`` (seconds between
         switches), the policy's thresholds, ``start`` (the class auto trains in until it has evidence, "straggler"),
         ``report_every`` (steps between a rank's reports to the Switch Board, 8) and ``pretrace`` (False: a
-        candidate's train step is traced at the first switch into it; True: every candidate's after the first step,
-        which a throttled node pays at the start whether or not auto ever switches).
+        candidate's train step is traced once the first switch into it is decided, in a thread while training goes
+        on; True: every candidate's after the first step, which a throttled node pays at the start whether or not
+        auto ever switches).
       job_epochs: keyword-only, every mode (default True): an epoch of a mode whose ranks step at their own pace
         is the job's ``sum(steps_per_epoch)`` train steps, shared by speed (README "Job epochs"); False: every
         rank runs its own ``steps_per_epoch`` train steps per epoch.  Horovod's keywords are kept across live
