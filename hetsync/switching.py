@@ -68,6 +68,7 @@ class Entry:
 
     def __init__(self, mode, options, algorithm, optimizer):
         self.mode, self.options = mode, dict(options)
+        self.key = key_of(mode, options)
         self.algorithm, self.optimizer = algorithm, optimizer
         self.train_function = None
         self.horovod_register = _horovod_registration(optimizer)

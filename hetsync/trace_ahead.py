@@ -19,7 +19,6 @@ import types
 
 from hetsync import _runtime
 from hetsync.algorithms._wrap import build_slots
-from hetsync.coordinator.switchboard import canonical
 
 log = logging.getLogger("hetsync.switching")
 
@@ -61,25 +60,23 @@ def start(family, mode, options, model, iterator):
     activated: no coordinator service is touched, as a pretraced candidate) and trace its Keras train step in a thread
     for ``iterator``'s element spec.  Nothing when the mode's step is traced already, or being traced, or the mode
     runs no Keras step of its own (balanced's micro-batches: traced at the switch).  Returns whether it started."""
-    key = (mode, canonical(options))
-    entry = family.entries.get(key)
-    if key in family.ahead or (entry is not None and entry.train_function is not None) or iterator is None:
+    if iterator is None:
         return False
-    entry = family.entry(mode, options)
-    if not entry.algorithm.KERAS_TRAIN_STEP:
+    entry = family.entry(mode, options)  # (the family's own if the mode was used before)
+    if entry.key in family.ahead or entry.train_function is not None or not entry.algorithm.KERAS_TRAIN_STEP:
         return False
     build_slots(entry.optimizer, model.trainable_variables)  # variables are created here, on the training thread
     entry.algorithm.build(model.trainable_variables)
     view = _ModelView(model, entry.optimizer)
     function = type(model).make_train_function(view, force=True)
-    family.ahead[key] = _Trace(entry.mode, function, iterator)
+    family.ahead[entry.key] = _Trace(entry.mode, function, iterator)
     return True
 
 
 def claim(family, entry):
     """Inside the switch into ``entry``'s mode, before the mode is activated: the step :func:`start` traced becomes
     the entry's train function, once the thread ends.  Returns whether it did; False leaves the switch to trace it."""
-    trace = family.ahead.pop((entry.mode, canonical(entry.options)), None)
+    trace = family.ahead.pop(entry.key, None)
     if trace is None:
         return False
     trace.thread.join(_runtime.timeout())
@@ -95,8 +92,4 @@ def settle(family):
     """The fit ends: wait for traces still running, and keep each finished one as its mode's train function (a
     decision for a step past the end of ``fit`` is carried out in the next one)."""
     for key in list(family.ahead):
-        entry = family.entries[key]  # start wrapped it
-        if entry.train_function is None:
-            claim(family, entry)
-        else:
-            family.ahead.pop(key).thread.join(_runtime.timeout())
+        claim(family, family.entries[key])  # (start wrapped it)

@@ -79,7 +79,7 @@ def test_a_step_the_view_cannot_trace_is_left_to_the_switch():
     model = _compiled(_SuperStep())
     _, trace = _traced_on_a_view(model, _data())
     assert isinstance(trace.error, TypeError), trace.error
-    entry = types.SimpleNamespace(mode="adam", options={}, train_function=None)
-    family = types.SimpleNamespace(ahead={("adam", "{}"): trace})
+    entry = types.SimpleNamespace(mode="adam", key=("adam", "{}"), train_function=None)
+    family = types.SimpleNamespace(ahead={entry.key: trace})
     assert trace_ahead.claim(family, entry) is False
     assert entry.train_function is None and not family.ahead
