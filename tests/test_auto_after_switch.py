@@ -60,7 +60,7 @@ def test_the_board_tells_the_policy_when_every_rank_came_out_of_a_switch():
         board.report(r, 4, 0, "ripples-smart", "{}", now=1.0 + r)
     assert board.request(0, RANDOM_MODE) == "accepted"
     d = board.report(0, 5, 0, "ripples-smart", "{}", now=4.0)
-    assert d is not None and d.at == 6
+    assert d is not None and d.at == 7
     for r, now in ((0, 7.0), (2, 7.5), (1, 9.25)):
         board.report(r, d.at, d.id, RANDOM_MODE, "{}", now=now)
         assert board.policy.mode_since == (9.25 if r == 1 else None), (r, board.policy.mode_since)
