@@ -5,7 +5,8 @@ Done at the agreed step, every rank stalls on it at once, and on a node with a C
 thread and the MPI progress of every collective spin on the same quota -- a fraction of a second of tracing is seconds
 of wall time in which no rank trains.
 
-A rank hears of a Switch Board decision at one of its reports, up to ``report_every`` steps before the agreed step.
+A rank hears of a Switch Board decision at one of its reports, at least ``report_every`` steps before the agreed
+step (the board sets it a report period past every rank's next report).
 From there :func:`start` traces the new mode's train step in a thread of its own, on a view of the model whose
 optimizer is the new mode's: the model, the optimizer in force and its compiled step, with which the rank trains on
 meanwhile, are untouched.  The switch :func:`claim`s the traced function after its roll call and consensus round,
@@ -71,6 +72,12 @@ def start(family, mode, options, model, iterator):
     function = type(model).make_train_function(view, force=True)
     family.ahead[entry.key] = _Trace(entry.mode, function, iterator)
     return True
+
+
+def tracing(family):
+    """Whether a trace of this rank's is running: a step that shares the rank with it is no sample of the worker's
+    speed (the trace's CPU starves it; StepClock.step, ``own_work``)."""
+    return family is not None and any(t.thread.is_alive() for t in family.ahead.values())
 
 
 def claim(family, entry):

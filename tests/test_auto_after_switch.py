@@ -7,9 +7,9 @@ yet in, or a few slow steps) then read as one whose steps take twice the others'
 steps moved ripples-smart -> eager-solo -> ripples-smart within 25 steps (an unstored `random-gpu` run, DEBUG log).
 
 The jobs here: ranks at their own pace, a quarter of each rank's steps 4x slow (a coin per step and rank), reports
-in bursts of 8 steps with the samples' own times, as the Switch Board gets them; 15 s in ripples-smart (each step
-also waiting for a partner's, as a P-Reduce group does), then a switch of 2-5 s into eager-solo.  Seeded, so every
-run reads the same.
+in bursts of 4 steps (report_every) with the samples' own times, as the Switch Board gets them; 15 s in
+ripples-smart (each step also waiting for a partner's, as a P-Reduce group does), then a switch of 2-5 s into
+eager-solo.  Seeded, so every run reads the same.
 """
 import random
 

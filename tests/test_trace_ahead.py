@@ -5,6 +5,7 @@ on with it meanwhile), and the traced function must be the one that runs later, 
 cannot trace is left to the switch.  The switch itself, with the thread, on 4 ranks: tests/mpi/keras_switch.py
 (its warm-up scenario).
 """
+import threading
 import types
 
 import numpy as np
@@ -12,6 +13,7 @@ import tensorflow as tf
 
 from hetsync import trace_ahead
 from hetsync.algorithms._wrap import build_slots
+from hetsync.training.step_clock import StepClock
 
 
 def _data():
@@ -83,3 +85,26 @@ def test_a_step_the_view_cannot_trace_is_left_to_the_switch():
     family = types.SimpleNamespace(ahead={entry.key: trace})
     assert trace_ahead.claim(family, entry) is False
     assert entry.train_function is None and not family.ahead
+
+
+def test_steps_that_share_the_rank_with_its_trace_give_the_policy_no_sample():
+    """While a trace of the rank's own runs, ``tracing`` says so and the step clock drops the steps' samples (the
+    trace starves them: read as a throttled node's, they moved a job back out of the mode it had just chosen); the
+    steps before and after give theirs."""
+    release = threading.Event()
+    thread = threading.Thread(target=release.wait, daemon=True)
+    family = types.SimpleNamespace(ahead={("adam", "{}"): types.SimpleNamespace(thread=thread)})
+    clock = StepClock()
+    assert not trace_ahead.tracing(None)
+
+    def step(t):
+        clock.step(None, 0.0, t, t + 0.1, False, split=False, own_work=trace_ahead.tracing(family))
+
+    step(1.0)
+    thread.start()
+    step(2.0)
+    step(3.0)
+    release.set()
+    thread.join(10)
+    step(4.0)
+    assert [round(t) for t, _, _ in clock.take_samples()] == [1, 4]

@@ -18,6 +18,7 @@ its own:
 import logging
 import time
 
+from hetsync import trace_ahead
 from hetsync.training.consensus import sync_point
 from hetsync.training.lifecycle import Lifecycle
 from hetsync.training.step_clock import StepClock
@@ -201,13 +202,14 @@ class RankState:
     def _timed(self, run, rounds):
         self.life.step_begins()
         starved_from = self.clock.run_delay() if self.auto_wanted else None  # sync="auto" tells starved from slow
+        tracing = trace_ahead.tracing(self.family)  # (a trace starts between steps, at a report)
         wall, began = time.time(), time.monotonic()
         try:
             logs = run()
         finally:
             self.life.step_ends()
         self.clock.step(self.algorithm, wall, began, time.monotonic(), rounds, split=self.split_wanted,
-                        delay_start=starved_from)
+                        delay_start=starved_from, own_work=tracing)
         self.steps_since_sync += 1
         return logs
 

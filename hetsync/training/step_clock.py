@@ -51,11 +51,17 @@ class StepClock:
         if self.meter is not None:
             self.meter.close()
 
-    def step(self, algorithm, wall_start, mono_start, mono_end, local_iterations, split=True, delay_start=None):
+    def step(self, algorithm, wall_start, mono_start, mono_end, local_iterations, split=True, delay_start=None,
+             own_work=False):
         """One train step that ran ``[mono_start, mono_end]`` (``wall_start``: the same instant, time.time()).
         ``split=False``: nobody reads compute apart from waiting in this fit (no sync="auto", no report), so the
         mode's stamp is not read: reading it is an eager op per step, about a quarter of a millisecond on a core.
-        ``delay_start``: ``run_delay()`` at the step's start (None: the samples carry no run-delay)."""
+        ``delay_start``: ``run_delay()`` at the step's start (None: the samples carry no run-delay).
+        ``own_work``: the step shared the rank with work of hetsync's own (a new mode's step traced ahead of a
+        switch, hetsync/trace_ahead.py), and gives the policy no sample: on a node with a CPU quota the trace's
+        thread starves the step, whose sample then reads as a throttled node's (a `random-gpu` job, unstored,
+        switched ripples-smart -> eager-solo -> ripples-smart -> eager-solo at steps 36, 60 and 92 on "47% of 15
+        slow iterations CPU-starved" when every rank traced ahead)."""
         elapsed = mono_end - mono_start
         delay_end = self.run_delay() if delay_start is not None else None
         rate = max(delay_end - delay_start, 0.0) / elapsed if delay_end is not None and elapsed > 0 else None
@@ -75,6 +81,8 @@ class StepClock:
         self.step_s += elapsed
         if self.warmup > 0:
             self.warmup -= 1
+        elif own_work:
+            pass
         elif each and len(each) == iterations:  # one sample per local iteration (ESync), scaled as compute was
             total = sum(each)
             scale = compute / total if total > 0 else 0.0

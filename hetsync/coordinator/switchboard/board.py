@@ -15,13 +15,11 @@ that are multiples of k (and once right after a switch, at ``at``), so a rank is
 report, and its next report is at or before the first multiple of k after the largest reported position.  One
 report per k steps costs rank 0's server (which shares a core with a worker) k times less.
 
-``at`` is the multiple of k after that one: every rank hears the decision at a report *before* its step, at least
-one step and up to k steps ahead, never at the step itself, and traces the new mode's Keras step meanwhile
-(hetsync/trace_ahead.py).  With ``at`` at the first multiple (as before), the ranks whose report came just before
-the decision in a burst -- usually most of them -- heard it at the step itself and traced there, and the others
-waited for them: in a `random-gpu` job (unstored) with two ranks of four tracing at the switch, the step of the
-switch and the next two took 4.6 s, in the next job with all four tracing ahead 2.1 s, where three steps take about
-1 s.  The price is k more steps in the mode in force.
+``at`` is the multiple of k after that one: every rank hears the decision at a report at least k steps *before*
+its step, never at the step itself, and traces the new mode's Keras step meanwhile (hetsync/trace_ahead.py).  With
+``at`` at the first multiple, the ranks whose reports came just before the decision in a burst -- often most of
+them -- heard it at the step itself and traced there while the others waited for them (docs/switching.md).  The
+price is k more steps in the mode in force.
 
 Requests (the rule, README): the first request the board receives is decided at the next report; requests that
 arrive while a decision is pending (made, not yet carried out by every rank) or before it is made are dropped as
