@@ -6,7 +6,7 @@ from hetsync.coordinator.switchboard.auto_policy import CLASSES, AutoPolicy, SET
 from hetsync.switching import Family
 from hetsync.training import options as agreement
 
-REPORT_EVERY = 4  # sync="auto": steps between a rank's Switch Board reports (switchboard.py, "Report cadence")
+REPORT_EVERY = 8  # sync="auto": steps between a rank's Switch Board reports (switchboard.py, "Report cadence")
 FAMILY_OPTIONS = {  # every mode's
     "job_epochs": Option(True, "bool", doc="an epoch is the job's sum(steps_per_epoch) train steps (README)"),
 }
@@ -42,7 +42,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         ``sync="auto"``: ``candidates`` ({"homogeneous"|"straggler"|"random"|"throttled": mode or (mode,
         options)}), ``window`` (seconds of samples the policy looks at), ``min_interval`` (seconds between
         switches), the policy's thresholds, ``start`` (the class auto trains in until it has evidence, "straggler"),
-        ``report_every`` (steps between a rank's reports to the Switch Board, 4) and ``pretrace`` (False: a
+        ``report_every`` (steps between a rank's reports to the Switch Board, 8) and ``pretrace`` (False: a
         candidate's train step is traced once the first switch into it is decided, in a thread while training goes
         on; True: every candidate's after the first step, which a throttled node pays at the start whether or not
         auto ever switches).

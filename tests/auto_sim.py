@@ -3,7 +3,7 @@ slow device steps, reported in bursts as the Switch Board gets them.  Used by te
 test_auto_start.py."""
 from hetsync.training.step_clock import WARMUP_STEPS
 
-EVERY = 4  # sync="auto"'s report cadence (report_every)
+EVERY = 8  # sync="auto"'s report cadence
 
 
 def rank_steps(rng, until, switch_at=None, resume=None, slower=1.0, slow_share=0.25):

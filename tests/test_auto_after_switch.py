@@ -7,9 +7,9 @@ yet in, or a few slow steps) then read as one whose steps take twice the others'
 steps moved ripples-smart -> eager-solo -> ripples-smart within 25 steps (an unstored `random-gpu` run, DEBUG log).
 
 The jobs here: ranks at their own pace, a quarter of each rank's steps 4x slow (a coin per step and rank), reports
-in bursts of 4 steps (report_every) with the samples' own times, as the Switch Board gets them; 15 s in
-ripples-smart (each step also waiting for a partner's, as a P-Reduce group does), then a switch of 2-5 s into
-eager-solo.  Seeded, so every run reads the same.
+in bursts of 8 steps with the samples' own times, as the Switch Board gets them; 15 s in ripples-smart (each step
+also waiting for a partner's, as a P-Reduce group does), then a switch of 2-5 s into eager-solo.  Seeded, so every
+run reads the same.
 """
 import random
 
@@ -60,7 +60,7 @@ def test_the_board_tells_the_policy_when_every_rank_came_out_of_a_switch():
         board.report(r, 4, 0, "ripples-smart", "{}", now=1.0 + r)
     assert board.request(0, RANDOM_MODE) == "accepted"
     d = board.report(0, 5, 0, "ripples-smart", "{}", now=4.0)
-    assert d is not None and d.at == 7
+    assert d is not None and d.at == 6
     for r, now in ((0, 7.0), (2, 7.5), (1, 9.25)):
         board.report(r, d.at, d.id, RANDOM_MODE, "{}", now=now)
         assert board.policy.mode_since == (9.25 if r == 1 else None), (r, board.policy.mode_since)

@@ -59,9 +59,9 @@ class StepClock:
         ``delay_start``: ``run_delay()`` at the step's start (None: the samples carry no run-delay).
         ``own_work``: the step shared the rank with work of hetsync's own (a new mode's step traced ahead of a
         switch, hetsync/trace_ahead.py), and gives the policy no sample: on a node with a CPU quota the trace's
-        thread starves the step, whose sample then reads as a throttled node's (a `random-gpu` job, unstored,
-        switched ripples-smart -> eager-solo -> ripples-smart -> eager-solo at steps 36, 60 and 92 on "47% of 15
-        slow iterations CPU-starved" when every rank traced ahead)."""
+        thread starves the step, whose sample then reads as a throttled node's: a `random-gpu` job (unstored) in which
+        every rank traced ahead switched ripples-smart -> eager-solo -> ripples-smart -> eager-solo at steps 36, 60
+        and 92, the way back on "47% of 15 slow iterations CPU-starved"."""
         elapsed = mono_end - mono_start
         delay_end = self.run_delay() if delay_start is not None else None
         rate = max(delay_end - delay_start, 0.0) / elapsed if delay_end is not None and elapsed > 0 else None

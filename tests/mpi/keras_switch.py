@@ -270,13 +270,13 @@ class WarmupChecks(tf.keras.callbacks.Callback):
 
 
 def traced_once_ahead(model, record):
-    """The request's switch into od-sgd, its first use: every rank heard the Switch Board's decision at a report
-    before its step (``at`` is a report period past every rank's next report) and traced od-sgd's Keras step
-    meanwhile, in a thread (hetsync/trace_ahead.py), not at the switch; and the step that then ran is the one traced:
-    never traced again."""
+    """The request's switch into od-sgd, its first use: the rank whose report brought the Switch Board's decision
+    heard it before its step (``at`` is past every reported position) and traced od-sgd's Keras step meanwhile, in a
+    thread (hetsync/trace_ahead.py); a rank that heard it at the step itself traced it there.  Each rank did exactly
+    one of the two, and the step that then ran is the one traced: never traced again."""
     assert record["traced_ahead"] != record["traced"], record
     ahead = hvd_tf.allgather_object(bool(record["traced_ahead"]), name="warmup.ahead")
-    assert all(ahead), f"a rank traced od-sgd's step at the switch, not before it: {ahead}"
+    assert any(ahead), f"no rank traced od-sgd's step before the switch: {ahead}"
     family = hetsync.marks.family_of(model.optimizer)
     entry = [e for e in family.entries.values() if e.mode == "od-sgd"][0]
     assert entry.train_function.experimental_get_tracing_count() == 1, "od-sgd's step was traced again"

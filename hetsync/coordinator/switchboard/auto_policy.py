@@ -86,8 +86,7 @@ entry test in the mode in force (``straggler_seen``; kept when the policy itself
 at the start nothing has been, and with random slow device steps some rank's median read 1.3x typical in small
 windows by chance (or stayed there, a rank a little slower in every step), so the class seen went straggler,
 random, straggler, random, each change restarting ``settle``, and one job switched at step 80 instead of 40.  In
-seeded jobs (tests/test_auto_start.py) random slowdowns now move the job in 4.0 s at the median, against 5.1 s
-(reports every 4 steps; with 8, 4.2 and 5.9 s).
+seeded jobs (tests/test_auto_start.py) random slowdowns now move the job in 4.2 s at the median, against 5.9 s.
 The former start, ``start="homogeneous"``, trains at Horovod's pace until a straggler is recognised.
 """
 import logging

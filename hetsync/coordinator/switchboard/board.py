@@ -8,18 +8,13 @@ after it a synchronous mode's per-step collectives must pair up across ranks.  I
 are at different steps, so no rank can name a step on its own.  Each rank counts its train-function calls
 (its *position*, cumulative over the process's hetsync fits; every rank runs the same number, idle steps
 included) and reports it to the board after every step, before the next one starts.  So a rank's true position
-is at most one past its last report, and every rank learns the decision at its next report.
+is at most one past its last report, and ``at = max(last reported positions) + 1`` is a step no rank has passed:
+every rank learns the decision at its next report and switches at the end of step ``at``.
 
 Report cadence ``every`` = k (``sync="auto"``'s ``report_every``; 1 otherwise): a rank reports only at positions
 that are multiples of k (and once right after a switch, at ``at``), so a rank is at most k steps past its last
-report, and its next report is at or before the first multiple of k after the largest reported position.  One
-report per k steps costs rank 0's server (which shares a core with a worker) k times less.
-
-``at`` is the multiple of k after that one: every rank hears the decision at a report at least k steps *before*
-its step, never at the step itself, and traces the new mode's Keras step meanwhile (hetsync/trace_ahead.py).  With
-``at`` at the first multiple, the ranks whose reports came just before the decision in a burst -- often most of
-them -- heard it at the step itself and traced there while the others waited for them (docs/switching.md).  The
-price is k more steps in the mode in force.
+report, and ``at`` = the first multiple of k after the largest reported position: every rank's next report is at
+or before it.  One report per k steps costs rank 0's server (which shares a core with a worker) k times less.
 
 Requests (the rule, README): the first request the board receives is decided at the next report; requests that
 arrive while a decision is pending (made, not yet carried out by every rank) or before it is made are dropped as
@@ -136,7 +131,7 @@ class SwitchBoard:
         by, mode, options, reason = self.pending
         self.pending = None
         k = self.every
-        at = (max(self.positions) // k + 2) * k  # every rank's next report comes before it (module docstring)
+        at = (max(self.positions) // k + 1) * k
         self.decision = Decision(len(self.history) + 1, mode, options, at, by, reason, now)
         self.history.append(self.decision)
 
