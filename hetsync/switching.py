@@ -346,7 +346,7 @@ def perform(sync_points, mode, options, reason, decision_id=None):
     family.current = key_of(mode, options)
     # the step traced in a thread since the decision (trace_ahead.py), finished before the mode is activated, as a
     # pretraced one
-    traced_ahead = trace_ahead.claim(family, entry)
+    traced_ahead = trace_ahead.claim(family, entry, _runtime.timeout())
     life.install(new)  # a new engine session; the new mode withdrawn again on a rank that is out or stopped
     traced_here = entry.train_function is None
     if traced_here:

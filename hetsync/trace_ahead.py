@@ -17,7 +17,6 @@ import logging
 import threading
 import types
 
-from hetsync import _runtime
 from hetsync.algorithms._wrap import build_slots
 
 log = logging.getLogger("hetsync.switching")
@@ -79,13 +78,14 @@ def tracing(family):
     return family is not None and any(t.thread.is_alive() for t in family.ahead.values())
 
 
-def claim(family, entry):
+def claim(family, entry, timeout):
     """Inside the switch into ``entry``'s mode, before the mode is activated: the step :func:`start` traced becomes
-    the entry's train function, once the thread ends.  Returns whether it did; False leaves the switch to trace it."""
+    the entry's train function, once the thread ends (waiting up to ``timeout`` seconds, hetsync's timeout).  Returns
+    whether it did; False leaves the switch to trace it."""
     trace = family.ahead.pop(entry.key, None)
     if trace is None:
         return False
-    trace.thread.join(_runtime.timeout())
+    trace.thread.join(timeout)
     if trace.thread.is_alive() or trace.error is not None:
         log.debug("the train step of %s traced ahead was not ready (%s): traced at the switch", trace.mode,
                   trace.error or "still tracing")
@@ -94,8 +94,8 @@ def claim(family, entry):
     return True
 
 
-def settle(family):
+def settle(family, timeout):
     """The fit ends: wait for traces still running, and keep each finished one as its mode's train function (a
     decision for a step past the end of ``fit`` is carried out in the next one)."""
     for key in list(family.ahead):
-        claim(family, family.entries[key])  # (start wrapped it)
+        claim(family, family.entries[key], timeout)  # (start wrapped it)

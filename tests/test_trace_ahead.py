@@ -83,7 +83,7 @@ def test_a_step_the_view_cannot_trace_is_left_to_the_switch():
     assert isinstance(trace.error, TypeError), trace.error
     entry = types.SimpleNamespace(mode="adam", key=("adam", "{}"), train_function=None)
     family = types.SimpleNamespace(ahead={entry.key: trace})
-    assert trace_ahead.claim(family, entry) is False
+    assert trace_ahead.claim(family, entry, 60) is False
     assert entry.train_function is None and not family.ahead
 
 

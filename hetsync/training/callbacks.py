@@ -128,7 +128,7 @@ class SyncPoints(tf.keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         self.state.end_fit()
         if self.state.family is not None:
-            trace_ahead.settle(self.state.family)
+            trace_ahead.settle(self.state.family, _runtime.timeout())
         self._leave_train_function()
 
     def _leave_train_function(self):

@@ -350,7 +350,8 @@ class AutoPolicy:
             own = [(t, c) for t, c, _ in self.samples[r] if t >= since]  # the mode in force's (see switched)
             if len(own) >= self.s["min_samples"] and own[-1][0] > own[0][0]:
                 periods[r] = (own[-1][0] - own[0][0]) / (len(own) - 1)
-                away[r] = periods[r] - statistics.fmean(c for _, c in own[1:])  # the steps those intervals end
+                ends = [c for _, c in own[1:]]  # the steps those intervals end (a list: fmean counts a generator
+                away[r] = periods[r] - statistics.fmean(ends)  # item by item, a third of the policy's time)
         return (periods, away) if len(periods) >= 2 else ({}, {})
 
     def evaluate(self, now, current_mode, stopped=None):
