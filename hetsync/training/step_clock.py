@@ -81,7 +81,7 @@ class StepClock:
         self.step_s += elapsed
         if self.warmup > 0:
             self.warmup -= 1
-        elif own_work:
+        elif own_work:  # no sample (see the docstring)
             pass
         elif each and len(each) == iterations:  # one sample per local iteration (ESync), scaled as compute was
             total = sum(each)
