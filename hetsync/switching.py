@@ -343,7 +343,7 @@ def perform(sync_points, mode, options, reason, decision_id=None):
                                name=f"hetsync.switch.{len(family.history)}")
     reconcile_optimizer(entry.optimizer, sums)
     model.optimizer = entry.optimizer
-    family.current = key_of(mode, options)
+    family.current = entry.key
     # the step traced in a thread since the decision (trace_ahead.py), finished before the mode is activated, as a
     # pretraced one
     traced_ahead = trace_ahead.claim(family, entry, _runtime.timeout())

@@ -202,7 +202,8 @@ class RankState:
     def _timed(self, run, rounds):
         self.life.step_begins()
         starved_from = self.clock.run_delay() if self.auto_wanted else None  # sync="auto" tells starved from slow
-        tracing = trace_ahead.tracing(self.family)  # (a trace starts between steps, at a report)
+        tracing = self.auto_wanted and trace_ahead.tracing(self.family)  # (only auto reads samples; a trace starts
+        # between steps, at a report)
         wall, began = time.time(), time.monotonic()
         try:
             logs = run()
