@@ -5,7 +5,8 @@ Done at the agreed step, every rank stalls on it at once, and on a node with a C
 thread and the MPI progress of every collective spin on the same quota -- a fraction of a second of tracing is seconds
 of wall time in which no rank trains.
 
-A rank hears of a Switch Board decision at one of its reports, up to ``report_every`` steps before the agreed step.
+A rank hears of a Switch Board decision at one of its reports, up to ``report_every`` steps before the agreed step,
+and of a schedule's switch from the start (traced from the first step of the epoch before: training/callbacks.py).
 From there :func:`start` traces the new mode's train step in a thread of its own, on a view of the model whose
 optimizer is the new mode's: the model, the optimizer in force and its compiled step, with which the rank trains on
 meanwhile, are untouched.  The switch :func:`claim`s the traced function after its roll call and consensus round,

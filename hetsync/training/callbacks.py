@@ -34,6 +34,7 @@ class SyncPoints(tf.keras.callbacks.Callback):
         self.board = None
         self.resumed = None               # the mode a loaded checkpoint was saved in, agreed by every rank
         self.first_epoch = True           # the fit's first epoch (initial_epoch) has not begun yet
+        self.epoch = None                 # the epoch in progress
 
     # -- the train function -------------------------------------------------------------------------------------
     def wrap_train_function(self):
@@ -97,6 +98,7 @@ class SyncPoints(tf.keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         state = self.state
+        self.epoch = epoch
         target, reason = self._epoch_target(epoch) if state.family is not None else (None, None)
         if target is not None:
             if key_of(*target) != state.family.current:
@@ -111,6 +113,8 @@ class SyncPoints(tf.keras.callbacks.Callback):
         if isinstance(state.every, int) and (batch + 1) % state.every == 0:
             state.sync_point(mid_epoch=True)
         if self.switching:
+            if batch == 0:
+                self._trace_scheduled()
             self._report()
         if state.report is not None:  # the heterogeneity report's records, on every rank (training/report.py)
             state.report.step(state, logs)
@@ -172,6 +176,16 @@ class SyncPoints(tf.keras.callbacks.Callback):
             family.applied, family.pending = d.id, None
             # Every rank passed the switch's consensus round: say so now, so the board takes the next request.
             self.board.report(state.position, family.applied, d.mode, d.options_json, (), every)
+
+    def _trace_scheduled(self):
+        """After an epoch's first step: a schedule's switch at the next epoch's start is known on every rank, so
+        that mode's step is traced in a thread while this epoch trains (trace_ahead.py), as a request's is once a
+        rank hears of it; the switch takes it.  The first step has given Keras' iterator and built its metrics."""
+        state = self.state
+        target = self._scheduled(self.epoch + 1) if state.family is not None else None
+        if target is None or self.epoch + 1 >= self.params["epochs"] or key_of(*target) == state.family.current:
+            return
+        trace_ahead.start(state.family, target[0], target[1], self.model, state.iterator)
 
     def switch_to(self, mode, options, reason, decision_id=None):
         """Collective: every rank calls it at the same point (hetsync/switching.py)."""

@@ -212,6 +212,7 @@ def main():
     first = pairs[:part1]
     assert set(first) == expected and len(first) == len(expected), f"part 1 pairs: {first}"
     assert all(h["reason"].startswith("schedule") for h in history[:part1])
+    scheduled_traced_ahead(model, route[0], history[:part1])
     second = pairs[part1:]
     assert set(second[:part1]) == expected and len(second) == part1 + 1, f"part 2 pairs: {second}"
     assert all(not h["reason"].startswith("schedule") for h in history[part1:])
@@ -267,6 +268,21 @@ class WarmupChecks(tf.keras.callbacks.Callback):
         self.after += not warm
         if self.after >= 15:
             self.model.stop_training = True
+
+
+def scheduled_traced_ahead(model, start, history):
+    """A schedule is known from the start: each first switch into a mode that runs Keras' step took the step traced
+    in a thread during the epoch before (trace_ahead.py), and none traced it at the switch (balanced runs its own
+    micro-batch step, traced there)."""
+    family = hetsync.marks.family_of(model.optimizer)
+    keras_step = {e.mode: e.algorithm.KERAS_TRAIN_STEP for e in family.entries.values()}
+    entered = {start}
+    for h in history:
+        first = h["to"] not in entered
+        entered.add(h["to"])
+        assert not (keras_step[h["to"]] and h["traced"]), f"a scheduled switch traced at the switch: {h}"
+        assert h["traced_ahead"] == (first and keras_step[h["to"]]), h
+    assert not family.ahead, "a trace was left unclaimed"
 
 
 def traced_once_ahead(model, record):
