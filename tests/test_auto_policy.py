@@ -313,9 +313,11 @@ def test_random_slowdowns_that_starve_the_cpu_are_throttled_and_keep_ripples_sma
 
 
 def test_random_and_throttled_hold_by_a_margin_and_unmeasured_run_delay_reads_random():
-    """Between random and throttled the share of CPU-starved slow iterations must pass ``starved_share`` (0.3)
-    by 0.15: at 40% starved a job in force in random stays there, a fresh one reads throttled.  Slow iterations
-    without run-delay (a kernel that does not say) count for neither: all unmeasured is random."""
+    """Between random and throttled the share of CPU-starved slow iterations must rise 0.15 above ``starved_share``
+    (0.3) to go from random to throttled and fall 0.05 below it to go back: at 40% starved a job in force in random
+    stays there, a fresh one reads throttled; at 20% (random slow device steps read 14% starved) a job in force in
+    throttled moves back to random.  Slow iterations without run-delay (a kernel that does not say) count for
+    neither: all unmeasured is random."""
     def filled(run_delay):
         policy, sample, k = make(4, candidates=None), _one_slow_rank_at_a_time(4, random.Random(3)), 0
         for step in range(120):  # 6 s of reports, every 0.05 s
@@ -330,6 +332,11 @@ def test_random_and_throttled_hold_by_a_margin_and_unmeasured_run_delay_reads_ra
         margin.state = in_force
         cls, evidence = margin.classify(6.0)
         assert cls == expected and "40% of" in evidence, (in_force, evidence)
+    back = filled(lambda c, k: 1.0 if c > 0.05 and k % 5 == 0 else 0.0)  # 1 of every 5 slow iterations starved
+    for in_force in ("random", None, "throttled"):
+        back.state = in_force
+        cls, evidence = back.classify(6.0)
+        assert cls == "random" and "20% of" in evidence, (in_force, evidence)
     unmeasured = filled(lambda c, k: None)
     cls, evidence = unmeasured.classify(6.0)
     assert cls == "random" and "not measured" in evidence, evidence

@@ -60,8 +60,10 @@ slow in half its iterations (with the quartile, a straggler that recovered left 
 window was still slow, and those samples read as random slowdowns while they drained from the window; a long step
 period takes ``straggler_ratio`` in any case; against random or throttled slowdowns only once a straggler was seen, see
 Start), random or throttled slowdowns stay while the slow fraction >=
-``random_exit`` (3%), and between random and throttled the share of CPU-starved slow samples must pass
-``starved_share`` by 0.15 -- and a new class must be seen in every evaluation for ``settle`` seconds (2) before it
+``random_exit`` (3%), and between random and throttled the share of CPU-starved slow samples must rise 0.15 above
+``starved_share`` to move from random to throttled and fall 0.05 below it to move back (random slow device steps read
+14% starved: a way back under 15% was a coin toss, and a job that read throttled early, on a few slow samples, could
+hold ripples-smart for long; throttled nodes read 50-59%) -- and a new class must be seen in every evaluation for ``settle`` seconds (2) before it
 is acted on; switches are at least ``min_interval`` seconds apart (10).  Evaluations run at most every 0.25 s,
 except that an undecided one (too few samples) is repeated at the next report: reports come in bursts, one per rank
 every ``report_every`` steps, and the burst's last report is the one that completes the window; each change of the
@@ -98,7 +100,8 @@ CLASSES = ("homogeneous", "straggler", "random", "throttled")
 DEFAULT_CANDIDATES = {"homogeneous": "allreduce", "straggler": "ripples-smart", "random": "eager-solo",
                       "throttled": "ripples-smart"}
 STARVED_RATE = 0.25      # run-delay per second above its rank's usual rate that makes a slow iteration CPU-starved
-THROTTLED_MARGIN = 0.15  # hysteresis of starved_share between "random" and "throttled"
+THROTTLED_ENTRY = 0.15   # starved_share + this: random -> throttled (hysteresis, see the module docstring)
+THROTTLED_EXIT = 0.05    # starved_share - this: throttled -> random
 SETTINGS = {
     "window": Option(10.0, "number", minimum=0, above=True, doc="seconds of samples the policy looks at"),
     "min_interval": Option(10.0, "number", minimum=0, doc="seconds between two switches"),
@@ -316,7 +319,7 @@ class AutoPolicy:
         if not known:
             return "random", detail + "; run-delay not measured"
         share = starved / known
-        margin = {"random": THROTTLED_MARGIN, "throttled": -THROTTLED_MARGIN}.get(self.state, 0.0)
+        margin = {"random": THROTTLED_ENTRY, "throttled": -THROTTLED_EXIT}.get(self.state, 0.0)
         cut = min(max(self.s["starved_share"] + margin, 0.0), 1.0)
         detail += f"; {share:.0%} of {known} slow iterations CPU-starved (run-delay rate above the rank's usual)"
         return ("throttled" if share >= cut else "random"), detail
