@@ -59,12 +59,12 @@ own test fails by a margin -- a straggler stays one while its *median* m_r >= ``
 slow in half its iterations (with the quartile, a straggler that recovered left the class while a third of its
 window was still slow, and those samples read as random slowdowns while they drained from the window; a long step
 period takes ``straggler_ratio`` in any case; against random or throttled slowdowns only once a straggler was seen, see
-Start), random or throttled slowdowns stay while the slow fraction >=
-``random_exit`` (3%), and between random and throttled the share of CPU-starved slow samples must rise 0.15 above
-``starved_share`` to move from random to throttled and fall 0.05 below it to move back (random slow device steps read
-14% starved: a way back under 15% was a coin toss, and a job that read throttled early, on a few slow samples, could
-hold ripples-smart for long; throttled nodes read 50-59%) -- and a new class must be seen in every evaluation for ``settle`` seconds (2) before it
-is acted on; switches are at least ``min_interval`` seconds apart (10).  Evaluations run at most every 0.25 s,
+Start), random or throttled slowdowns stay while the slow fraction >= ``random_exit`` (3%), and between random and
+throttled the share of CPU-starved slow samples must rise 0.15 above ``starved_share`` to move from random to
+throttled and fall 0.05 below it to move back (random slow device steps read 14% starved: a way back under 15% was a
+coin toss, and a job that read throttled early, on a few slow samples, could hold ripples-smart for long; throttled
+nodes read 50-59%) -- and a new class must be seen in every evaluation for ``settle`` seconds (2) before it is acted
+on; switches are at least ``min_interval`` seconds apart (10).  Evaluations run at most every 0.25 s,
 except that an undecided one (too few samples) is repeated at the next report: reports come in bursts, one per rank
 every ``report_every`` steps, and the burst's last report is the one that completes the window; each change of the
 class seen is logged (DEBUG, "hetsync.switching.auto", on rank 0) with its evidence.
