@@ -203,7 +203,7 @@ class RankState:
         self.life.step_begins()
         starved_from = self.clock.run_delay() if self.auto_wanted else None  # sync="auto" tells starved from slow
         tracing = self.auto_wanted and trace_ahead.tracing(self.family)  # (only auto reads samples; a trace starts
-        # between steps, at a report)
+        # between steps: at a report, or after an epoch's first step for a schedule's switch)
         wall, began = time.time(), time.monotonic()
         try:
             logs = run()
