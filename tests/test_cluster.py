@@ -97,4 +97,4 @@ def test_a_killed_host_ends_the_job_and_the_restart_resumes(cluster, tmp_path):
     print(f"resumed: {r}")
     assert r["from"] == "killed" and r["saved_iterations"] > 0, r
     assert min(r["iterations"]) > r["saved_iterations"], r
-    assert r["resumed"] >= r["straight"] - 0.03, r
+    assert r["resumed_loss"] <= 1.5 * r["straight_loss"], r  # as tests/test_resume.py bounds it

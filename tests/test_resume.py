@@ -26,7 +26,7 @@ STEPS, SAVED_EPOCH, EPOCHS = 16, 2, 4  # tests/mpi/kill_resume.py
 # its global weights with nothing in flight, docs/resume.md)
 DETERMINISTIC = ("allreduce", "od-sgd")
 LOOP_MODES = ("allreduce", "ripples-smart")  # lockstep; P-Reduce, own pace
-NOISE = 0.03  # accuracy: the own-pace modes' run-to-run spread here, with margin (see the test)
+LOSS_RATIO = 1.5  # the resumed run's loss over the digits against the uninterrupted run's, at most (see the test)
 
 
 @pytest.fixture(scope="module")
@@ -74,16 +74,21 @@ def test_every_mode_resumes_from_its_checkpoint_and_loses_nothing(restarted):
     bit the ``iterations``, slots and weights it saved, and every rank's first resumed step begins from those
     weights (asserted in the script); the step counts go on from the saved one.  Against the uninterrupted run of
     the same seed and data order: bit-identical in the deterministic modes.  In the others the two runs differ by
-    the mode's own nondeterminism (which rank contributes to which exchange depends on timing): accuracy over the
-    digits measured -1.3 to +1.8 points from the uninterrupted run's (eager-solo the widest; with a larger model and
-    step, -1.7 to +3.0), so the bound is one-sided and 3 points wide: it catches a resume that lost much of its
-    training; the lost state itself is caught bit for bit above."""
+    the mode's own nondeterminism (which rank contributes to which exchange depends on timing), so their loss over
+    the digits is bounded instead: at most 1.5 times the uninterrupted run's.  Measured with this script's runs in
+    2-rank jobs (27 pairs: eager-solo, eager-majority, ripples-smart, ripples-random, hop, esync, balanced), the
+    resumed run's loss was 0.92 to 1.17 times the uninterrupted run's (0.24 to 0.30), while a resume that lost its
+    training -- the same two epochs from fresh weights -- ended at 2.05 to 2.59 times (0.50 to 0.69).  Accuracy told
+    them apart less well (42 pairs: the resumed run -2.3 to +1.1 points from the uninterrupted one, once -3.6 in a
+    suite run; a lost resume only 2.6 to 9.9 points below): a bound on it was either loose or flaky.  The state
+    itself is caught bit for bit above."""
     proc, died = restarted
     assert_passed(proc, "resume", 2)
     results = {r["mode"]: r for r in tagged(proc.stdout, "RESULT")}
     assert sorted(results) == sorted(MODES), sorted(results)
     for mode, r in results.items():
-        print(f"{mode}: resumed {r['resumed']:.4f}, uninterrupted {r['straight']:.4f}, steps {r['iterations']}")
+        print(f"{mode}: resumed loss {r['resumed_loss']:.4f} accuracy {r['resumed']:.4f}, uninterrupted loss "
+              f"{r['straight_loss']:.4f} accuracy {r['straight']:.4f}, steps {r['iterations']}")
         if algorithms._REGISTRY[mode].STEPPING == "lockstep":  # Horovod's count: 16 steps per epoch on every rank
             assert r["saved_iterations"] == SAVED_EPOCH * STEPS, r
             assert r["iterations"] == [r["saved_iterations"] + (EPOCHS - SAVED_EPOCH) * STEPS] * 2, r
@@ -92,7 +97,7 @@ def test_every_mode_resumes_from_its_checkpoint_and_loses_nothing(restarted):
         assert r["from"] == ("killed" if mode in died else "uninterrupted"), r
         if mode in DETERMINISTIC:
             assert r["resumed_weights"] == r["straight_weights"], r
-        assert r["resumed"] >= r["straight"] - NOISE, r
+        assert r["resumed_loss"] <= LOSS_RATIO * r["straight_loss"], r
 
 
 def test_a_custom_loop_resumes_from_a_tf_train_checkpoint(restarted):

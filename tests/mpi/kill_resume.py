@@ -22,7 +22,7 @@
                                       job's checkpoint; the others from the uninterrupted run's epoch-2 checkpoint
                                       (the same recipe, ``ModelCheckpoint`` and the note on rank 0; it saves every
                                       epoch, and the restart takes the one a kill in epoch 3 would have left last).
-                                      Rank 0 prints one ``RESULT {json}`` line per mode: both runs' accuracies and
+                                      Rank 0 prints one ``RESULT {json}`` line per mode: both runs' loss, accuracy,
                                       final weights' digests, the step counts and where the checkpoint came from.
 
 Also: ``hetsync.load_model`` without ``sync`` is a TypeError naming it.  The test (tests/test_resume.py) asserts
@@ -64,8 +64,8 @@ def dataset(rank, size, epoch=0):
     x, y, xt, yt = digits(seed=0)
     ds = tf.data.Dataset.from_tensor_slices((x[rank::size], y[rank::size])).repeat().shuffle(
         512, seed=SEED + rank).batch(BATCH).skip(epoch * STEPS)
-    # accuracy over all 1,797 digits: two runs that train alike differ less there than on the 360 held out (one
-    # point is 18 digits, not 4), so a run that lost something stands out of the noise of an own-pace mode
+    # scored over all 1,797 digits: two runs that train alike differ less there than on the 360 held out, so a run
+    # that lost something stands out of the noise of an own-pace mode
     return without_autotune(ds), (np.concatenate([x, xt]), np.concatenate([y, yt]))
 
 
@@ -186,10 +186,10 @@ def resumed(where, mode, up_to):
     assert began == [saved_state] * size, f"{mode}: the resumed fit's first step began from {began}, " \
                                           f"not the checkpoint's {saved_state} on every rank"
     iterations = hvd_tf.allgather_object(int(model.optimizer.iterations.numpy()), name=f"kr.its.{mode}")
-    accuracy = float(model.evaluate(xt, yt, verbose=0)[1])
+    scores = [float(v) for v in model.evaluate(xt, yt, verbose=0)]  # loss, accuracy
     final = digest(model.weights)
     tf.keras.backend.clear_session()  # (rank 0 made more Keras layers: the next model's names match everywhere)
-    return saved_iterations, iterations, accuracy, final
+    return saved_iterations, iterations, scores, final
 
 
 def straight(mode, where=None):
@@ -200,10 +200,10 @@ def straight(mode, where=None):
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
     callbacks += checkpointing(where, mode) if where else []
     hetsync.keras.fit(model, ds, steps_per_epoch=STEPS, epochs=EPOCHS, verbose=0, callbacks=callbacks)
-    accuracy = float(model.evaluate(xt, yt, verbose=0)[1])
+    scores = [float(v) for v in model.evaluate(xt, yt, verbose=0)]  # loss, accuracy
     final = digest(model.weights)
     tf.keras.backend.clear_session()
-    return accuracy, final
+    return scores, final
 
 
 def resume_all(where, modes, killed):
@@ -212,10 +212,11 @@ def resume_all(where, modes, killed):
     for mode in modes:
         reference, reference_final = straight(mode, None if mode in killed else where)
         up_to = EPOCHS if mode in killed else KILLED_IN - 1
-        saved_iterations, iterations, accuracy, final = resumed(where, mode, up_to)
+        saved_iterations, iterations, scores, final = resumed(where, mode, up_to)
         if hvd.rank() == 0:
             print("RESULT " + json.dumps({"mode": mode, "saved_iterations": saved_iterations,
-                                          "iterations": iterations, "resumed": accuracy, "straight": reference,
+                                          "iterations": iterations, "resumed": scores[1], "straight": reference[1],
+                                          "resumed_loss": scores[0], "straight_loss": reference[0],
                                           "resumed_weights": final, "straight_weights": reference_final,
                                           "from": "killed" if mode in killed else "uninterrupted"}), flush=True)
 
