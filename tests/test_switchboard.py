@@ -2,8 +2,9 @@
 test_auto_policy.py).
 
 A discrete-event simulation runs n ranks of random speeds through the protocol of hetsync/training/:
-after each step a rank reports; when a decision names its step it enters the switch (a global collective: it waits
-until every rank is there), carries it out and reports again.  Every few steps the ranks also meet in a "user
+after each step a rank reports (or, as hetsync/training/callbacks.py does, sends the report of its next step ahead
+and reads the answer after that step); when a decision names its step it enters the switch (a global collective:
+it waits until every rank is there), carries it out and reports again.  Every few steps the ranks also meet in a "user
 collective" (they wait for each other, reporting nothing).  Requests come from random ranks at random times.
 Checked: no rank is ever past a decision's step when it learns it (the board would raise); every rank carries out
 the same decisions at the same steps; the first request of a burst is decided and the others are superseded;
@@ -21,9 +22,11 @@ from hetsync.coordinator.switchboard import ACCEPTED, SUPERSEDED, UNCHANGED, Swi
 MODES = ["allreduce", "hop", "esync", "eager-solo"]
 
 
-def simulate(n, speeds, steps, requests, collective_every, seed, every=1):
+def simulate(n, speeds, steps, requests, collective_every, seed, every=1, ahead=False):
     """Returns (board, per-rank list of (decision id, position) carried out, request statuses); ranks report at
-    multiples of ``every`` only (the report cadence) and carry out a known decision at its step without a report."""
+    multiples of ``every`` only (the report cadence) and carry out a known decision at its step without a report.
+    ``ahead``: the report of position q is sent (and answered, on the board's state then) when step q - 1 ends, and
+    the rank reads the answer only when step q ends."""
     rng = random.Random(seed)
     board = SwitchBoard(n)
     pos, applied, mode = [0] * n, [0] * n, ["allreduce"] * n
@@ -32,6 +35,7 @@ def simulate(n, speeds, steps, requests, collective_every, seed, every=1):
     events = [(speeds[r] * rng.uniform(0.5, 1.5), r) for r in range(n)]
     heapq.heapify(events)
     known = [None] * n      # the decision each rank learned and has yet to carry out
+    sent = [None] * n       # ahead: (position, answer) of the report sent a step early, not read yet
     pending_requests = sorted(requests)
     statuses = []
     now = 0.0
@@ -46,7 +50,10 @@ def simulate(n, speeds, steps, requests, collective_every, seed, every=1):
             _, who, target = pending_requests.pop(0)
             statuses.append(board.request(who, target))
         pos[r] += 1
-        if pos[r] % every == 0:
+        if ahead and sent[r] is not None and sent[r][0] <= pos[r]:
+            known[r] = sent[r][1] or known[r]
+            sent[r] = None
+        elif not ahead and pos[r] % every == 0:
             d = board.report(r, pos[r], applied[r], mode[r], "{}", now=now, every=every)
             if d is not None:
                 known[r] = d
@@ -59,6 +66,8 @@ def simulate(n, speeds, steps, requests, collective_every, seed, every=1):
                 applied[r], mode[r], known[r] = d.id, d.mode, None
                 done[r].append((d.id, pos[r]))
                 board.report(r, pos[r], applied[r], mode[r], "{}", now=now, every=every)
+        if ahead and (pos[r] + 1) % every == 0:
+            sent[r] = (pos[r] + 1, board.report(r, pos[r] + 1, applied[r], mode[r], "{}", now=now, every=every))
         if barrier is None and pos[r] % collective_every == 0:
             barrier = ("collective", pos[r])
         if pos[r] >= steps and barrier is None:
@@ -74,12 +83,12 @@ def simulate(n, speeds, steps, requests, collective_every, seed, every=1):
 
 @settings(max_examples=60, deadline=None)
 @given(n=st.integers(2, 8), seed=st.integers(0, 10_000), slow=st.floats(1.0, 6.0),
-       collective_every=st.integers(2, 9), every=st.sampled_from([1, 1, 3, 8]), requests=st.lists(
-           st.tuples(st.floats(0.0, 60.0), st.integers(0, 7), st.sampled_from(MODES)), max_size=12))
-def test_every_rank_switches_at_the_same_steps(n, seed, slow, collective_every, every, requests):
+       collective_every=st.integers(2, 9), every=st.sampled_from([1, 1, 3, 8]), ahead=st.booleans(),
+       requests=st.lists(st.tuples(st.floats(0.0, 60.0), st.integers(0, 7), st.sampled_from(MODES)), max_size=12))
+def test_every_rank_switches_at_the_same_steps(n, seed, slow, collective_every, every, ahead, requests):
     speeds = [1.0] * (n - 1) + [slow]
     requests = [(t, who % n, mode) for t, who, mode in requests]
-    board, done, statuses, pos = simulate(n, speeds, 80, requests, collective_every, seed, every)
+    board, done, statuses, pos = simulate(n, speeds, 80, requests, collective_every, seed, every, ahead)
     assert all(d == done[0] for d in done), f"ranks carried out different switches: {done}"
     ids = [i for i, _ in done[0]]
     assert ids == list(range(1, len(ids) + 1))

@@ -32,6 +32,7 @@ class SyncPoints(tf.keras.callbacks.Callback):
         self.epoch_plan = epoch_plan      # (job train steps, Keras steps) of each epoch
         self.switching = False            # this fit reports to the Switch Board (a SyncModeCallback callback, or auto)
         self.board = None
+        self._ahead = None                # (position, future): the Switch Board report sent a step ahead of it
         self.resumed = None               # the mode a loaded checkpoint was saved in, agreed by every rank
         self.first_epoch = True           # the fit's first epoch (initial_epoch) has not begun yet
         self.epoch = None                 # the epoch in progress
@@ -93,6 +94,7 @@ class SyncPoints(tf.keras.callbacks.Callback):
             cb.bind(state)
         state.verbose = all(cb.verbose for cb in modes)
         self.switching = state.switching_wanted
+        self._ahead = None
         if self.switching:
             self.board = _runtime.services().switch_client()
 
@@ -130,6 +132,7 @@ class SyncPoints(tf.keras.callbacks.Callback):
             self.state.sync_point()
 
     def on_train_end(self, logs=None):
+        self._hear_last()
         self.state.end_fit()
         if self.state.family is not None:
             trace_ahead.settle(self.state.family, _runtime.timeout())
@@ -152,30 +155,48 @@ class SyncPoints(tf.keras.callbacks.Callback):
 
     # -- live switches ------------------------------------------------------------------------------------------
     def _report(self):
-        """After every ``family.report_every``-th step (switchboard.py, "Report cadence"): tell the Switch Board
-        where this rank is; carry out its decision at its step."""
+        """After each step (switchboard.py, "Report cadence"): hear the Switch Board's answer to the report sent a
+        step ago, carry out its decision at its step, and send the report for the next multiple of
+        ``family.report_every`` one step ahead of it.  The board places the rank at the report's position, so a
+        decision's step is still ahead of the rank when it hears (board.py); the answer travels while the step
+        computes instead of stalling the rank (SwitchClient.report_ahead)."""
         state = self.state
         family = state.family
         every = family.report_every
-        if state.position % every == 0:
+        if self._ahead is not None and self._ahead[0] <= state.position:
+            self._hear(self._ahead[1].result(), trace=True)
+            self._ahead = None
+        d = family.pending
+        if d is not None:
+            if state.position > d.at:
+                raise RuntimeError(f"hetsync: rank {_hvd().rank()} is at step {state.position}, past switch {d.id}'s "
+                                   f"step {d.at} (Switch Board protocol broken)")
+            if state.position == d.at:
+                self.switch_to(d.mode, json.loads(d.options_json), d.reason, d.id)
+                family.applied, family.pending = d.id, None
+                # Every rank passed the switch's consensus round: say so now, so the board takes the next request.
+                self.board.report(state.position, family.applied, d.mode, d.options_json, (), every)
+        if (state.position + 1) % every == 0:
             mode, options = family.current
             samples = state.clock.take_samples() if family.auto is not None else ()
-            d = self.board.report(state.position, family.applied, mode, options, samples, every)
-            if d.id and d.id > family.applied:
-                family.pending = d
-                if state.position < d.at:  # steps to go: trace the new mode's step meanwhile (trace_ahead.py)
-                    trace_ahead.start(family, d.mode, json.loads(d.options_json), self.model, state.iterator)
-        d = family.pending
-        if d is None:
-            return
-        if state.position > d.at:
-            raise RuntimeError(f"hetsync: rank {_hvd().rank()} is at step {state.position}, past switch {d.id}'s "
-                               f"step {d.at} (Switch Board protocol broken)")
-        if state.position == d.at:
-            self.switch_to(d.mode, json.loads(d.options_json), d.reason, d.id)
-            family.applied, family.pending = d.id, None
-            # Every rank passed the switch's consensus round: say so now, so the board takes the next request.
-            self.board.report(state.position, family.applied, d.mode, d.options_json, (), every)
+            position = state.position + 1
+            self._ahead = (position, self.board.report_ahead(position, family.applied, mode, options, samples, every))
+
+    def _hear(self, d, trace):
+        """The board's answer: a decision this rank has yet to carry out becomes ``family.pending``; with steps to
+        go (and ``trace``: a fit in progress), the new mode's step is traced meanwhile (trace_ahead.py)."""
+        state, family = self.state, self.state.family
+        if d.id and d.id > family.applied:
+            family.pending = d
+            if trace and state.position < d.at:
+                trace_ahead.start(family, d.mode, json.loads(d.options_json), self.model, state.iterator)
+
+    def _hear_last(self):
+        """At the fit's end: the answer to a report sent ahead of a step this fit did not run (its decision waits
+        for the next fit's step, as a decision heard at a report does)."""
+        if self._ahead is not None:
+            ahead, self._ahead = self._ahead, None
+            self._hear(ahead[1].result(), trace=False)
 
     def _trace_scheduled(self):
         """After an epoch's first step: a schedule's switch at the next epoch's start is known on every rank, so

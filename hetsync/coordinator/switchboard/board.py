@@ -15,6 +15,10 @@ Report cadence ``every`` = k (``sync="auto"``'s ``report_every``; 1 otherwise): 
 that are multiples of k (and once right after a switch, at ``at``), so a rank is at most k steps past its last
 report, and ``at`` = the first multiple of k after the largest reported position: every rank's next report is at
 or before it.  One report per k steps costs rank 0's server (which shares a core with a worker) k times less.
+A rank may send its report for position q a step ahead, at the end of step q - 1, and read the answer at the end of
+step q (hetsync/training/callbacks.py): the positions are the same, and the rank is then between one step behind
+its last report and k - 1 steps past it, so ``at`` is still a step no rank has passed, and a decision with
+``at`` = q is heard at q, before the rank passes it.
 
 Requests (the rule, README): the first request the board receives is decided at the next report; requests that
 arrive while a decision is pending (made, not yet carried out by every rank) or before it is made are dropped as

@@ -24,12 +24,24 @@ class SwitchClient(ServiceClient):
         """The decision this rank has yet to carry out (a SwitchDecision; ``id == 0``: none).  ``samples``:
         (time.monotonic() on this rank, compute seconds, run-delay rate or None) per iteration; times travel as
         ages."""
+        return self._stub.SwitchReport(self._report_msg(position, applied, mode, options_json, samples, every),
+                                       timeout=self.timeout)
+
+    def report_ahead(self, position, applied, mode, options_json, samples=(), every=1):
+        """:meth:`report`, sent without waiting: a future whose ``result()`` is the SwitchDecision.  The rank sends
+        it a step before ``position`` and reads it after that step: on a CPU-throttled node a blocking call's answer
+        waits for the node's next CPU window (up to a scheduler period, 100 ms), which the step's compute uses
+        instead."""
+        return self._stub.SwitchReport.future(self._report_msg(position, applied, mode, options_json, samples, every),
+                                              timeout=self.timeout)
+
+    def _report_msg(self, position, applied, mode, options_json, samples, every):
         now = time.monotonic()
-        return self._stub.SwitchReport(pb2.SwitchReportMsg(
+        return pb2.SwitchReportMsg(
             secret=self.secret, worker=self.worker, position=int(position), applied=int(applied), mode=mode,
             options_json=options_json, every=int(every), sample_age_s=[now - t for t, _, _ in samples],
             sample_compute_s=[c for _, c, _ in samples],
-            sample_run_delay=[-1.0 if d is None else d for _, _, d in samples]), timeout=self.timeout)
+            sample_run_delay=[-1.0 if d is None else d for _, _, d in samples])
 
     def configure(self, policy):
         """Installs ``sync="auto"``'s policy (a dict: candidates and settings; None removes it)."""
