@@ -94,7 +94,6 @@ class SyncPoints(tf.keras.callbacks.Callback):
             cb.bind(state)
         state.verbose = all(cb.verbose for cb in modes)
         self.switching = state.switching_wanted
-        self._ahead = None
         if self.switching:
             self.board = _runtime.services().switch_client()
 
