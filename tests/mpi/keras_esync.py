@@ -217,9 +217,14 @@ def run(variant):
         assert extra == 0 or (NON_BLOCKING and extra <= 2), f"the slowest took more than one local step: {rounds}"
         assert m["aborted"] == 0, m  # the worker named the slowest waits for its answer: nothing in flight
     else:
-        mean = sum(rounds) / len(rounds)
+        # The median round: a slow rank held up once by another process on this shared host lets the fast ranks
+        # iterate until its READY (§4.2), and one such round (225 local steps while rank 3's iteration took some
+        # 9 s, in a suite run) moved the mean to 14; every other round had 4-6.  One step per round (local steps
+        # lost) or stepping on past the slowest's end in every round moves the median.
+        median = float(np.median(rounds))
         low, high = (2.5, 8.0) if not NON_BLOCKING else (2.5, 9.0)
-        assert low <= mean <= high, f"rank {rank}: {mean:.2f} local steps per round (expected ~{FACTOR}): {rounds}"
+        assert low <= median <= high, f"rank {rank}: median {median:g} local steps per round (expected ~{FACTOR}): " \
+                                      f"{rounds}"
         if variant == "abort":  # READY arrives during the in-flight iteration (RTT << an iteration): discarded
             assert m["aborted"] >= n // 2, m
         else:
