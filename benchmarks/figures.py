@@ -9,7 +9,7 @@ FIGURE = re.compile(r"<!-- fig: (?P<spec>[^>]*?) -->(?P<body>(?:(?!<!--).)*?)<!-
 FORMATS = {"train": "{:.1f} s", "steady": "{:.1f} s", "ttt": "{:.1f} s", "wall": "{:.0f} s", "accuracy": "{:.3f}",
            "speedup": "{:.2f}x", "steady_speedup": "{:.2f}x", "ttt_speedup": "{:.2f}x",
            "switch": "{:.1f} s", "switch_lag": "{:.1f} s", "after_switch": "{:.1f} s",
-           "after_switch_speedup": "{:.2f}x"}
+           "after_switch_speedup": "{:.2f}x", "changed": "{:.0%}"}
 STATS = ("spread", "median", "range", "each", "min", "max")
 def figure(spec, runs, target=TARGET):
     """One figure in running text, from ``<!-- fig: SCENARIO MODE COLUMN [vs=MODE] [runs=A-B] [stat=S] -->``.
@@ -18,7 +18,8 @@ def figure(spec, runs, target=TARGET):
     ``speedup``, ``steady_speedup``, ``ttt_speedup``; or, for runs that switched and stored each step's end, against
     the baseline's run of the same repeat: ``switch``, the step that ends in the first switch and the new mode's
     first step, ``switch_lag``, how much later the run began them, ``after_switch``, the steps after them, and
-    ``after_switch_speedup``, the baseline's time over those steps divided by the run's); a speedup is against
+    ``after_switch_speedup``, the baseline's time over those steps divided by the run's; ``changed``, the share of
+    the training in which a quota change was in force, stored.changed_share); a speedup is against
     plain Horovod of the same repeat, or against ``vs=MODE`` in the repeats both ran on one clock; ``runs=A-B``
     keeps repeats A..B; S is ``spread`` (median and range, the default), ``median``, ``range``, ``each`` (every
     run, in repeat order), ``min`` or ``max``.  A spec naming anything not stored raises, so a page cannot keep a

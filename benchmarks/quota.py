@@ -146,32 +146,58 @@ class Schedule(threading.Thread):
     (benchmarks/keras_example.py ``--started-file``, written right after its common-start allreduce).  Counted from
     the launch, a change meant for mid-training lands wherever each mode's start-up left it (a fast mode had
     finished before a node's share changed at 30 s, a slow one met it in its first epoch).  The driver only sees
-    the file appear: no clock of the job's is read."""
+    the file appear: no clock of the job's is read.
+
+    ``started_file`` (the same file; default ``zero_file``) is watched in any case: ``started_s`` is how many seconds
+    after the launch (the thread's start) it appeared, None if it never did -- where a launch-timed change fell in
+    the training (benchmarks/stored.py ``changed_share``)."""
 
     POLL_S = 0.05
 
-    def __init__(self, quotas, changes, zero_file=None):
+    def __init__(self, quotas, changes, zero_file=None, started_file=None):
         super().__init__(daemon=True)
         self.quotas, self.changes, self._halt = quotas, sorted(changes), threading.Event()
         self.zero_file = zero_file
+        self.started_file = started_file or zero_file
         self.applied = []
+        self.started_s = None
+        self._launched = None
+
+    def _sight(self):
+        """Notes when the start file appeared (polled: the driver's clock, to POLL_S)."""
+        if self.started_s is None and self.started_file is not None and os.path.exists(self.started_file):
+            self.started_s = round(time.monotonic() - self._launched, 2)
+
+    def _wait_until(self, deadline):
+        """Waits until ``deadline`` (time.monotonic()) watching for the start file; True when stopped first."""
+        while True:
+            self._sight()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            watching = self.started_s is None and self.started_file is not None
+            if self._halt.wait(min(left, self.POLL_S) if watching else left):
+                return True
 
     def _zero(self):
         """time.monotonic() of the zero, or None when stopped before it came."""
-        while self.zero_file is not None and not os.path.exists(self.zero_file):
-            if self._halt.wait(self.POLL_S):
+        while self.zero_file is not None and self.started_s is None:
+            if self._wait_until(time.monotonic() + self.POLL_S):
                 return None
         return time.monotonic()
 
     def run(self):
+        self._launched = time.monotonic()
         began = self._zero()
         if began is None:
             return
         for at, rank, quota in self.changes:
-            if self._halt.wait(max(0.0, at - (time.monotonic() - began))):
+            if self._wait_until(began + at):
                 return
             self.quotas.set_one(rank, quota)
             self.applied.append((round(time.monotonic() - began, 2), rank, quota))
+        while self.started_file is not None and self.started_s is None and not self._halt.wait(self.POLL_S):
+            self._sight()  # the start file, until it appears or the job ends
 
     def stop(self):
         self._halt.set()

@@ -21,7 +21,8 @@ One JSON per run goes to ``--out`` (default ``benchmarks/results/<date>/``): the
 command, machine, quotas (and the quota changes as applied, in seconds after the launch or, for a scenario whose
 changes count from the training's start, after that), the HOROVOD_* variables the job ran with (Horovod's
 tuning knobs, such as HOROVOD_CYCLE_TIME), the job's wall time (launch to exit, the driver's
-clock), the probe (the machine's busy, idle and steal CPU seconds over the job, each rank group's throttled
+clock), when the training started (seconds after the launch, the driver's clock: rank 0's start file appearing),
+the probe (the machine's busy, idle and steal CPU seconds over the job, each rank group's throttled
 periods and seconds, and the groups' CFS period phases, measured before the repeat's first job: each repeat gets
 new groups) and every rank's own record (training time from fit's on_train_begin to on_train_end, fit's return,
 train steps and each one's end, its CPU seconds, rank 0's accuracy curve); with ``--thread-cpu``, each rank's CPU
@@ -207,10 +208,10 @@ def run_one(scenario, token, repeat, args, quotas, out, phases=None):
               "--steps", str(args.steps), "--out", work, *spec.get("args", [])]
     if spec.get("seed_per_repeat"):
         script += ["--seed", str(repeat)]
-    zero_file = None
-    if spec.get("changes_from") == "start":  # the quota changes count from the training's start (quota.Schedule)
-        zero_file = os.path.join(work, "started")
-        script += ["--started-file", zero_file]
+    started = os.path.join(work, "started")  # rank 0 writes it when the training starts (the clock's zero)
+    script += ["--started-file", started]
+    # the quota changes count from the training's start (quota.Schedule), or from the launch
+    zero_file = started if spec.get("changes_from") == "start" else None
     env = dict(os.environ, **MPI_ENV, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     if "hosts" in spec:  # Open MPI across the emulated hosts, whose cgroups (cluster.sh up --cpu) hold the quotas
         cmd = launcher(n, ",".join(f"{h}:{k}" for h, k in spec["hosts"].items()), env) + script
@@ -230,7 +231,7 @@ def run_one(scenario, token, repeat, args, quotas, out, phases=None):
     if quotas is not None:
         env["HETSYNC_BENCH_CGROUP"] = quotas.path
         quotas.set(spec["quotas"])
-    schedule = Schedule(quotas, spec.get("changes", []), zero_file)
+    schedule = Schedule(quotas, spec.get("changes", []), zero_file, started_file=started)
     probe_before = probe(quotas)
     began = time.monotonic()
     schedule.start()
@@ -262,7 +263,7 @@ def run_one(scenario, token, repeat, args, quotas, out, phases=None):
               "device": spec.get("device"), "hosts": spec.get("hosts"),
               "quota_changes": schedule.applied, "quota_changes_from": "training start" if zero_file else "launch",
               "returncode": proc.returncode, "timed_out": timed_out,
-              "job_wall_s": round(wall, 2), "probe": machine_probe,
+              "job_wall_s": round(wall, 2), "training_start_s": schedule.started_s, "probe": machine_probe,
               "horovod_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("HOROVOD_")},
               "ranks": ranks}
     if thread_cpu is not None:

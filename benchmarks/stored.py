@@ -105,6 +105,26 @@ def switch_steps(rank):
     return p, ends[p - 2], ends[p] - ends[p - 2], ends[-1] - ends[p]
 
 
+def changed_share(rec):
+    """The share of rank 0's training time in which some rank's quota was off its launch quota (a node shared, a
+    transient slowdown), from the changes as applied and, where they count from the launch, from when the training
+    began (``training_start_s``, the driver's clock); None for a run without changes or without that time (runs
+    stored before it was recorded).  Launch-timed, it says how much of the scenario a job met: a job whose start-up
+    or pace moved its training away from a change met less of it."""
+    changes, r0 = rec.get("quota_changes") or [], rec["ranks"][0]
+    start = 0.0 if rec.get("quota_changes_from") != "launch" else rec.get("training_start_s")
+    if not changes or start is None or not r0.get("train_s"):
+        return None
+    launch, now, inside = list(rec["quotas"]), list(rec["quotas"]), 0.0
+    end = start + r0["train_s"]
+    changes = sorted(changes)
+    for (at, rank, quota), until in zip(changes, [c[0] for c in changes[1:]] + [float("inf")]):
+        now[rank] = quota
+        if now != launch:  # from this change to the next, some rank is off its launch quota
+            inside += max(0.0, min(until, end) - max(at, start))
+    return inside / r0["train_s"]
+
+
 def ok(rec):
     return rec["returncode"] == 0 and rec["ranks"] and all(rec["ranks"]) and rec["ranks"][0]["curve"]
 
@@ -131,13 +151,14 @@ def summary(modes, target=TARGET, baseline=BASELINE):
         done = {k: r for k, r in repeats.items() if ok(r)}
         row = {"runs": len(done), "failed": len(repeats) - len(done), "train": [], "speedup": [], "ttt": [],
                "ttt_speedup": [], "steady": [], "steady_speedup": [], "accuracy": [], "wall": [],
-               "switch": [], "switch_lag": [], "after_switch": [], "after_switch_speedup": [],
+               "switch": [], "switch_lag": [], "after_switch": [], "after_switch_speedup": [], "changed": [],
                "common_start": any(common_start(r) for r in done.values())}
         for k, rec in sorted(done.items()):
             r0 = rec["ranks"][0]
             row["train"].append(r0["train_s"])
             row["accuracy"].append(r0["curve"][-1][1])
             row["wall"].append(rec["job_wall_s"])
+            row["changed"].append(changed_share(rec))
             ttt, steady = time_to(r0["curve"], target), after_first_epoch(r0)
             row["ttt"].append(ttt)
             row["steady"].append(steady)

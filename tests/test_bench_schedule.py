@@ -3,6 +3,7 @@ training's start applies none of them before the job says it started, and then e
 import os
 import sys
 import threading
+import time
 
 from conftest import ROOT
 
@@ -56,3 +57,24 @@ def test_start_relative_scenarios_say_what_their_times_count_from():
         spec = run.SCENARIOS[name]
         assert spec["changes"] and all(at >= 0 for at, _, _ in spec["changes"]), name
         assert "after training starts" in spec["what"], f"{name}'s description must say what its times count from"
+
+
+def test_a_launch_timed_schedule_also_sees_when_the_training_started(tmp_path):
+    """Changes counted from the launch go on without the start file; when it appears, ``started_s`` says how long
+    after the launch (stored as ``training_start_s``: where the changes fell in the training)."""
+    started = tmp_path / "started"
+    quotas = _Recorder()
+    schedule = quota.Schedule(quotas, [(0.0, 3, 0.09)], started_file=str(started))
+    schedule.start()
+    try:
+        assert quotas.changed.wait(30), "a launch-timed change waited for the start file"
+        time.sleep(0.3)
+        assert schedule.started_s is None, "saw a start file that is not there"
+        started.touch()
+        deadline = time.monotonic() + 30
+        while schedule.started_s is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        schedule.stop()
+    assert not schedule.is_alive(), "stop() must end a schedule whose changes are all applied"
+    assert schedule.started_s is not None and schedule.started_s >= 0.3, schedule.started_s

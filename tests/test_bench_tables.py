@@ -452,3 +452,35 @@ def test_runs_of_a_former_default_are_read_as_its_variant_and_keep_a_row_of_thei
     text = tables.table("s", loaded, target=0.9)
     assert "| `esync` |" in text and "| `esync/on_ready=wait` |" in text and "local=2" not in text, text
     assert "`esync/on_ready=wait`: `esync`'s runs made when `on_ready=wait` was its default." in text, text
+
+
+def _changed(train_s, changes, start=None, quotas=(0.45, 0.45, 0.45, 0.45)):
+    rec = {"quotas": list(quotas), "quota_changes": [list(c) for c in changes], "ranks": [{"train_s": train_s}],
+           "quota_changes_from": "launch" if start is not None else "training start"}
+    if start is not None:
+        rec["training_start_s"] = start
+    return stored.changed_share(rec)
+
+
+def test_the_share_of_training_under_a_quota_change_counts_from_where_the_training_began(tmp_path):
+    """``changed``: how much of rank 0's training a changed quota was in force -- launch-timed changes placed by
+    when the training began (the driver saw rank 0's start file), any rank off its launch quota counting once."""
+    shared = [(30.0, 3, 0.09), (60.0, 3, 0.45)]
+    assert _changed(30.0, shared, start=20.0) == pytest.approx(20 / 30)  # training 20-50 s, shared from 30 s
+    assert _changed(20.0, shared, start=5.0) == 0.0  # over before the node was shared
+    assert _changed(30.0, shared[:1], start=20.0) == pytest.approx(20 / 30)  # the job ended before the restore
+    assert _changed(32.0, [(8.0, 3, 0.09), (24.0, 3, 0.45)]) == pytest.approx(0.5)  # counted from the training
+    overlapping = [(1.0, 0, 0.09), (2.0, 1, 0.09), (3.0, 0, 0.45), (4.0, 1, 0.45)]
+    assert _changed(10.0, overlapping) == pytest.approx(0.3)  # 1-4 s: rank 1 still slow after rank 0's restore
+    old = {"quotas": [0.45] * 4, "quota_changes": [list(c) for c in shared], "quota_changes_from": "launch",
+           "ranks": [{"train_s": 30.0}]}
+    assert stored.changed_share(old) is None  # stored before the training start was recorded
+    assert _changed(30.0, []) is None
+    day = tmp_path / "2026-01-01"
+    day.mkdir()
+    for k, start in ((1, 20.0), (2, 5.0)):
+        rec = _record("auto", k, 30.0 if k == 1 else 20.0, [(1.0, 0.95, 0.1)])
+        rec.update(quotas=[0.45] * 4, quota_changes=[list(c) for c in shared], quota_changes_from="launch",
+                   training_start_s=start)
+        (day / f"auto-{k}.json").write_text(json.dumps(rec))
+    assert figures.figure("s auto changed stat=each", stored.load(str(tmp_path))) == "67% / 0%"
