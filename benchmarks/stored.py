@@ -107,13 +107,13 @@ def switch_steps(rank):
 
 def changed_share(rec):
     """The share of rank 0's training time in which some rank's quota was off its launch quota (a node shared, a
-    transient slowdown), from the changes as applied and, where they count from the launch, from when the training
-    began (``training_start_s``, the driver's clock); None for a run without changes or without that time (runs
-    stored before it was recorded).  Launch-timed, it says how much of the scenario a job met: a job whose start-up
+    transient slowdown), from the changes as applied (none: 0, as for a job over before the first) and, where they
+    count from the launch, from when the training began (``training_start_s``, the driver's clock); None for a run
+    stored before that time was recorded.  Launch-timed, it says how much of the scenario a job met: a job whose start-up
     or pace moved its training away from a change met less of it."""
     changes, r0 = rec.get("quota_changes") or [], rec["ranks"][0]
-    start = 0.0 if rec.get("quota_changes_from") != "launch" else rec.get("training_start_s")
-    if not changes or start is None or not r0.get("train_s"):
+    start = 0.0 if rec.get("quota_changes_from") == "training start" else rec.get("training_start_s")
+    if start is None or not r0.get("train_s"):
         return None
     launch, now, inside = list(rec["quotas"]), list(rec["quotas"]), 0.0
     end = start + r0["train_s"]

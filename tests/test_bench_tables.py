@@ -475,7 +475,7 @@ def test_the_share_of_training_under_a_quota_change_counts_from_where_the_traini
     old = {"quotas": [0.45] * 4, "quota_changes": [list(c) for c in shared], "quota_changes_from": "launch",
            "ranks": [{"train_s": 30.0}]}
     assert stored.changed_share(old) is None  # stored before the training start was recorded
-    assert _changed(30.0, []) is None
+    assert _changed(30.0, []) == 0.0 and _changed(15.0, [], start=8.0) == 0.0  # none applied: over before 30 s
     day = tmp_path / "2026-01-01"
     day.mkdir()
     for k, start in ((1, 20.0), (2, 5.0)):
