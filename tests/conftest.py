@@ -205,6 +205,7 @@ def keras_job(tmp_path_factory):
         ["hop", "tests/mpi/keras_hop.py", 0.9],
         ["switch-cycle", "tests/mpi/keras_switch.py", "all", "cycle"],
         ["conservation", "tests/mpi/switch_conservation.py"],
+        ["late-request", "tests/mpi/late_request.py"],
         ["esync", "tests/mpi/keras_esync.py"],  # last: it ends with a rank hung until the others have named it
     ]
     return run_together(4, runs, timeout=1200), base

@@ -44,6 +44,12 @@ def test_switches_lose_no_gradient_and_a_switch_failing_on_one_rank_is_refused_e
     assert_passed(job[0], "conservation", 4)
 
 
+def test_a_request_whose_step_falls_past_the_fit_is_carried_out_in_the_next_fit(job):
+    """Rank 0 asks for a switch after a fit's last batch: no rank switches in that fit, and every rank switches at
+    one step of the process's next fit, ending with one model (tests/mpi/late_request.py)."""
+    assert_passed(job[0], "late-request", 4)
+
+
 def test_auto_follows_a_straggler_and_back_and_the_report_shows_it(job):
     """sync="auto" stays on allreduce while homogeneous, moves to esync when rank 3 becomes 5x slower and back
     when it recovers (tests/mpi/keras_auto.py); then `hetsync report` turns the run's records into a PNG and a
