@@ -179,25 +179,26 @@ class Schedule(threading.Thread):
             if self._halt.wait(min(left, self.POLL_S) if watching else left):
                 return True
 
-    def _zero(self):
-        """time.monotonic() of the zero, or None when stopped before it came."""
-        while self.zero_file is not None and self.started_s is None:
-            if self._wait_until(time.monotonic() + self.POLL_S):
-                return None
-        return time.monotonic()
+    def _await_start(self):
+        """Polls for the start file until it appears; False when stopped first."""
+        while self.started_s is None:
+            self._sight()
+            if self.started_s is None and self._halt.wait(self.POLL_S):
+                return False
+        return True
 
     def run(self):
         self._launched = time.monotonic()
-        began = self._zero()
-        if began is None:
-            return
+        if self.zero_file is not None and not self._await_start():
+            return  # stopped before the training started: nothing applied
+        began = time.monotonic()
         for at, rank, quota in self.changes:
             if self._wait_until(began + at):
                 return
             self.quotas.set_one(rank, quota)
             self.applied.append((round(time.monotonic() - began, 2), rank, quota))
-        while self.started_file is not None and self.started_s is None and not self._halt.wait(self.POLL_S):
-            self._sight()  # the start file, until it appears or the job ends
+        if self.started_file is not None:
+            self._await_start()  # a launch-timed schedule: when the training began, until the job ends
 
     def stop(self):
         self._halt.set()
