@@ -47,6 +47,8 @@ class SyncModeCallback(SwitchSchedule):
         # it (None unless status is "superseded"); a request superseded by an earlier switch that this rank has
         # already carried out (pending == self.mode) may be sent again: the board is free once every rank has.
         self.requests = []
+        # this rank's last accepted request not yet seen carried out or refused: (mode, len(history), len(refusals))
+        self._awaiting = None
 
     def bind(self, sync_points):
         """hetsync/training/, at on_train_begin: the rank state of the fit this callback belongs to."""
@@ -67,12 +69,27 @@ class SyncModeCallback(SwitchSchedule):
 
         status, pending = _runtime.services().switch_client().request(mode, switchboard.canonical(options))
         self.requests.append((mode, options, status, pending if status == "superseded" else None))
+        if status == "accepted":
+            self._awaiting = (mode, len(self.history), len(self.refusals))
         if status != "accepted" and self.verbose:
             extra = f" (switch to {pending} pending)" if pending else ""
             # a dropped request is worth a warning on the rank that made it; "unchanged" is not
             log.log(logging.WARNING if status == "superseded" else logging.INFO, "request for %r %s%s", mode, status,
                     extra)
         return status
+
+    def on_train_end(self, logs=None):
+        """Says so on this rank when the switch it asked for was not carried out in this fit: the Switch Board's
+        step for it fell past the fit's end, so it happens in the process's next fit, or never if none follows
+        (docs/switching.md).  Without the line, a script whose last fit ends just after a request never learns."""
+        if self._awaiting is None:
+            return
+        mode, switched, refused = self._awaiting
+        if any(h["to"] == mode for h in self.history[switched:] + self.refusals[refused:]):
+            self._awaiting = None
+        elif self.verbose:
+            log.warning("the switch to %r requested on this rank was agreed for a step past this fit's end: it is "
+                        "carried out at the first steps of this process's next fit, and not at all if no fit follows", mode)
 
     @property
     def history(self):

@@ -1,5 +1,6 @@
 """Run under mpirun -np 4 (tests/test_switching.py, in conftest's keras_job): a request made at a fit's last step,
-whose agreed step falls past the fit, is carried out in the process's next fit (docs/switching.md).
+whose agreed step falls past the fit, is carried out in the process's next fit (docs/switching.md), and the rank
+that asked is told so at the first fit's end.
 
 In ``allreduce`` (every rank steps together) rank 0 asks for ``ripples-static`` after the first fit's last batch.
 Every rank has by then sent the report of the step after it (reports go a step ahead), so the Switch Board's step
@@ -7,10 +8,12 @@ for the request is past the fit: no rank switches in it, and every rank leaves i
 pending.  Positions count on across fits, so in the second fit every rank switches at the same step, within its
 first three, and every rank ends with one model in the new mode.  A reading of the protocol that restarted
 positions with each fit, or dropped a decision at a fit's end, fails here (no switch, ranks switching apart, or a
-rank past the decision's step).
+rank past the decision's step).  Rank 0, which asked, logs one warning naming the carried request at the first
+fit's end and none at the second's (it was carried out); no other rank logs one.
 Prints OK rank=R.
 """
 import hashlib
+import logging
 import os
 import sys
 
@@ -55,6 +58,17 @@ class FirstInMode(tf.keras.callbacks.Callback):
             self.batch = batch
 
 
+class Warnings(logging.Handler):
+    """The messages of hetsync.callbacks' warnings on this rank."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
 def checksum(model):
     flat = np.concatenate([w.ravel() for w in model.get_weights()]).astype(np.float64)
     return hashlib.sha1(flat.tobytes()).hexdigest()
@@ -72,11 +86,16 @@ def main():
     asker, first = LastStepRequest(switch), FirstInMode()
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), switch, asker, first]
     data = shard(x, y, rank, size, 32, 0)
+    warned = Warnings()
+    logging.getLogger("hetsync.callbacks").addHandler(warned)
     hetsync.keras.fit(model, data, steps_per_epoch=STEPS, epochs=1, callbacks=callbacks, verbose=0)
+    told = [m for m in warned.messages if "next fit" in m]
+    assert len(told) == (1 if rank == 0 else 0) and all(TARGET in m for m in told), (rank, warned.messages)
     assert switch.history == [] and first.batch is None, f"rank {rank} switched in the first fit: {switch.history}"
     assert rank != 0 or asker.answer == "accepted", asker.answer
     assert hetsync.current_mode(model) == "allreduce", hetsync.current_mode(model)
     hetsync.keras.fit(model, data, steps_per_epoch=STEPS, epochs=1, callbacks=callbacks, verbose=0)
+    assert [m for m in warned.messages if "next fit" in m] == told, (rank, warned.messages)
     done = [(h["to"], h["position"]) for h in switch.history]  # (positions count over the process's fits)
     # The board decides at the first report after the request: at the latest the one for the second fit's second
     # step, so its step is at most the second fit's third.
