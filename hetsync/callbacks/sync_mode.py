@@ -89,7 +89,8 @@ class SyncModeCallback(SwitchSchedule):
             self._awaiting = None
         elif self.verbose:
             log.warning("the switch to %r requested on this rank was agreed for a step past this fit's end: it is "
-                        "carried out at the first steps of this process's next fit, and not at all if no fit follows", mode)
+                        "carried out at the first steps of this process's next fit, and not at all if no fit "
+                        "follows", mode)
 
     @property
     def history(self):
