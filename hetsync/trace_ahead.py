@@ -32,6 +32,13 @@ class _ModelView:
         self.__dict__.update(_model=model, optimizer=optimizer,
                              train_step=types.MethodType(type(model).train_step, self))
 
+    @property
+    def __class__(self):
+        """The model's class: zero-argument ``super()`` in a user's ``train_step`` override (the usual Keras
+        pattern) accepts an object whose ``__class__`` is a subclass of the method's class, as ``isinstance`` does,
+        and then finds Keras' own ``train_step`` bound to this view."""
+        return type(self._model)
+
     def __getattr__(self, name):
         return getattr(self._model, name)
 
@@ -41,7 +48,9 @@ class _ModelView:
 
 class _Trace:
     """One mode's train step being traced in a thread; ``function`` is Keras' ``tf.function``, ``error`` what the
-    trace raised."""
+    trace raised, as text: the exception itself would hold, through its traceback's frames, this object, the model
+    and the fit's data iterator in a reference cycle that only Python's cyclic collector frees, at a moment of its
+    choosing -- and freeing a tf.data iterator waits for its threads, seconds in the middle of a later step."""
 
     def __init__(self, mode, function, iterator):
         self.mode, self.function, self.error = mode, function, None
@@ -52,7 +61,7 @@ class _Trace:
         try:
             self.function.get_concrete_function(iterator)
         except Exception as exc:  # the switch traces it instead: say why there
-            self.error = exc
+            self.error = f"{type(exc).__name__}: {exc}"
 
 
 def start(family, mode, options, model, iterator):
